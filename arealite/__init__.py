@@ -1,0 +1,3 @@
+"""arealite: asynchronous RL for LLMs."""
+
+__version__ = "0.1.0"

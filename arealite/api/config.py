@@ -1,0 +1,363 @@
+"""The whole system's settings as one typed tree (pydantic).
+
+Every model forbids unknown keys and validates on assignment, so a typo in a YAML file or a
+``key=value`` override is an error naming the key, never a silently ignored setting.
+Loading, overrides and error messages live in ``arealite.api.config_loader``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class BaseConfig(BaseModel):
+    """Base of every config model: unknown keys are errors, assignments are validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+# --------------------------------------------------------------------------- generation
+
+
+class GenerationHyperparameters(BaseConfig):
+    """Sampling settings for one rollout request (mapped onto SGLang's ``sampling_params``)."""
+
+    n_samples: int = Field(1, ge=1, description="Samples generated per prompt (the GRPO group).")
+    max_new_tokens: int = Field(16, ge=0, description="Maximum tokens generated per sample.")
+    min_new_tokens: int = Field(0, ge=0, description="Minimum tokens before EOS may end a sample.")
+    greedy: bool = Field(False, description="Greedy decoding (sent as temperature 0).")
+    temperature: float = Field(1.0, ge=0.0, description="Sampling temperature; 0 is greedy.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass, in (0, 1].")
+    top_k: int = Field(-1, description="Top-k sampling; -1 keeps every token.")
+    min_p: float = Field(0.0, ge=0.0, le=1.0, description="Min-p filtering threshold.")
+    stop_token_ids: list[int] = Field(
+        default_factory=list, description="Token ids that end a sample (EOS is always one)."
+    )
+    stop: list[str] | None = Field(None, description="Stop strings (need a server tokenizer).")
+    ignore_eos: bool = Field(False, description="Keep generating past EOS.")
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0, description="SGLang frequency penalty.")
+
+    @model_validator(mode="after")
+    def _check(self) -> GenerationHyperparameters:
+        if self.top_k != -1 and self.top_k < 1:
+            raise ValueError("top_k must be -1 (all tokens) or >= 1")
+        if self.min_new_tokens > self.max_new_tokens:
+            raise ValueError("min_new_tokens must be <= max_new_tokens")
+        return self
+
+    def new(self, **kwargs: Any) -> GenerationHyperparameters:
+        """A validated copy with some fields replaced."""
+        return type(self).model_validate({**self.model_dump(), **kwargs})
+
+
+# --------------------------------------------------------------------------- training
+
+
+class OptimizerConfig(BaseConfig):
+    type: Literal["adamw"] = Field("adamw", description="Optimizer (AdamW).")
+    lr: float = Field(1e-5, gt=0.0, description="Peak learning rate.")
+    weight_decay: float = Field(0.0, ge=0.0, description="Decoupled weight decay.")
+    beta1: float = Field(0.9, ge=0.0, lt=1.0, description="Adam beta1.")
+    beta2: float = Field(0.999, ge=0.0, lt=1.0, description="Adam beta2.")
+    eps: float = Field(1e-8, gt=0.0, description="Adam epsilon.")
+    lr_scheduler_type: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="Learning-rate schedule after warm-up."
+    )
+    warmup_steps_proportion: float = Field(
+        0.0, ge=0.0, le=1.0, description="Fraction of all optimizer steps spent warming up."
+    )
+    min_lr_ratio: float = Field(
+        0.0, ge=0.0, le=1.0, description="Final lr as a fraction of the peak (linear/cosine)."
+    )
+    gradient_clipping: float = Field(1.0, gt=0.0, description="Max global gradient norm.")
+
+
+class MixedPrecisionConfig(BaseConfig):
+    param_dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="Dtype of parameters during forward/backward (FSDP2 policy)."
+    )
+    reduce_dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="Dtype of gradient reduction (FSDP2 policy)."
+    )
+
+
+class TrainEngineConfig(BaseConfig):
+    """One model trained with FSDP2 (actor, critic, reference or SFT model)."""
+
+    path: str = Field("", description="HF model directory (or hub name) to load.")
+    init_from_scratch: bool = Field(False, description="Build from the config at `path`, random init.")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="Master parameter dtype."
+    )
+    mixed_precision: MixedPrecisionConfig = Field(default_factory=MixedPrecisionConfig)
+    gradient_checkpointing: bool = Field(False, description="Recompute activations in backward.")
+    cpu_offload: bool = Field(False, description="FSDP2 CPU offload of parameters/optimizer.")
+    optimizer: OptimizerConfig | None = Field(
+        default_factory=OptimizerConfig, description="None for a frozen model (e.g. reference)."
+    )
+    max_tokens_per_mb: int = Field(
+        8192, ge=1, description="Token budget of one packed micro-batch."
+    )
+    attn_impl: Literal["auto", "sdpa", "eager", "flash_attention_2"] = Field(
+        "auto", description="Attention kernel; auto picks flash-attn varlen on CUDA when present."
+    )
+
+
+class PPOActorConfig(TrainEngineConfig):
+    """Actor (or reference) model with the PPO/GRPO loss and advantage settings."""
+
+    group_size: int = Field(1, ge=1, description="Samples per prompt (GRPO group).")
+    ppo_n_minibatches: int = Field(1, ge=1, description="Optimizer steps per trainer step.")
+    eps_clip: float = Field(0.2, gt=0.0, description="PPO ratio clip (lower, and upper if no higher).")
+    eps_clip_higher: float | None = Field(
+        None, description="Separate upper clip (DAPO clip-higher); None uses eps_clip."
+    )
+    c_clip: float | None = Field(
+        None, description="Dual-clip constant (> 1) bounding negative-advantage losses; None off."
+    )
+    temperature: float = Field(
+        1.0, gt=0.0, description="Temperature for recomputed logprobs; must equal generation's."
+    )
+    reward_bias: float = Field(0.0, description="Added to every reward.")
+    reward_scaling: float = Field(1.0, description="Multiplies every reward after the bias.")
+    reward_clip: float = Field(20.0, gt=0.0, description="Rewards clipped to [-clip, clip].")
+    group_reward_norm: bool = Field(False, description="Normalise rewards within each group.")
+    group_adv_norm: bool = Field(False, description="Normalise advantages within each group.")
+    adv_norm: bool = Field(True, description="Normalise advantages over the whole batch.")
+    kl_ctl: float = Field(0.0, ge=0.0, description="KL penalty against the reference model.")
+    discount: float = Field(1.0, ge=0.0, le=1.0, description="GAE discount (gamma).")
+    gae_lambda: float = Field(1.0, ge=0.0, le=1.0, description="GAE lambda.")
+    mask_no_eos_with_zero: bool = Field(
+        False, description="Zero the reward of samples truncated before EOS."
+    )
+    recompute_logprob: bool = Field(
+        True, description="Recompute proximal logprobs with the current weights before updating."
+    )
+    use_decoupled_loss: bool = Field(
+        True, description="Decoupled PPO loss: clip against proximal, weight by behaviour IS."
+    )
+    behav_imp_weight_cap: float | None = Field(
+        None, description="Tokens whose behaviour importance weight exceeds this are masked."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> PPOActorConfig:
+        if self.c_clip is not None and self.c_clip <= 1.0:
+            raise ValueError("c_clip must be > 1 (dual clip) or null")
+        if self.use_decoupled_loss and not self.recompute_logprob:
+            raise ValueError("use_decoupled_loss needs recompute_logprob=true (proximal logprobs)")
+        return self
+
+
+# --------------------------------------------------------------------------- rollout
+
+
+class InferenceEngineConfig(BaseConfig):
+    """The client side of the server pool and the rollout executor."""
+
+    server_addrs: list[str] = Field(
+        default_factory=list,
+        description="host:port of each server; empty reads AREAL_LLM_SERVER_ADDRS.",
+    )
+    max_concurrent_rollouts: int | None = Field(
+        None, ge=1, description="Episodes running at once; None uses consumer_batch_size."
+    )
+    queue_size: int | None = Field(
+        None, ge=1, description="Bound of the input/output queues; None derives from batch size."
+    )
+    consumer_batch_size: int = Field(1, ge=1, description="Episodes per trainer batch (B).")
+    max_head_offpolicyness: int = Field(
+        0, ge=0, description="eta: the most weight versions a trajectory may lag the trainer."
+    )
+    schedule_policy: Literal["round_robin", "least_inflight"] = Field(
+        "round_robin", description="How requests are spread over servers."
+    )
+    sticky_rids: bool = Field(True, description="Keep every request of one rid on one server.")
+    setup_timeout: float = Field(120.0, gt=0, description="Seconds to wait for servers' /health.")
+    request_timeout: float = Field(3600.0, gt=0, description="Seconds per /generate call.")
+    request_retries: int = Field(3, ge=0, description="Retries of a failed call, on other servers.")
+    unhealthy_after_failures: int = Field(
+        3, ge=1, description="Consecutive failures before a server leaves the pool."
+    )
+    health_check_interval: float = Field(
+        2.0, gt=0, description="Seconds between probes of unhealthy servers."
+    )
+    weight_update_timeout: float = Field(
+        600.0, gt=0, description="Seconds for each step of a weight update."
+    )
+    pause_mode: Literal["abort", "retract", "in_place"] = Field(
+        "abort", description="SGLang /pause_generation mode used around weight updates."
+    )
+
+
+class DatasetConfig(BaseConfig):
+    path: str = Field("", description="Local JSON/JSONL/CSV file, or an HF datasets name.")
+    name: str | None = Field(None, description="HF datasets config name.")
+    split: str = Field("train", description="Split to load.")
+    batch_size: int = Field(1, ge=1, description="Prompts per batch.")
+    shuffle: bool = Field(True, description="Shuffle each epoch (seeded).")
+    num_workers: int = Field(0, ge=0, description="DataLoader worker processes.")
+    drop_last: bool = Field(True, description="Drop the last incomplete batch.")
+    max_length: int | None = Field(None, ge=1, description="Drop prompts longer than this.")
+
+
+class WorkflowConfig(BaseConfig):
+    """The rollout workflow, named by import path (``package.module:ClassName``)."""
+
+    path: str = Field("workflows.rlvr:RLVRWorkflow", description="Workflow class import path.")
+    reward_fn: str = Field(
+        "workflows.rewards.toy:toy_reward", description="Reward function import path."
+    )
+    kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Extra keyword arguments for the workflow."
+    )
+
+
+# --------------------------------------------------------------------------- servers
+
+
+class SGLangConfig(BaseConfig):
+    """Server launch settings, named as ``python -m sglang.launch_server`` flags."""
+
+    model_path: str = Field("", description="Model dir; empty uses the actor's path.")
+    dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = Field(
+        "auto", description="--dtype"
+    )
+    random_seed: int | None = Field(1, description="--random-seed")
+    context_length: int | None = Field(None, ge=1, description="--context-length")
+    max_running_requests: int | None = Field(None, ge=1, description="--max-running-requests")
+    mem_fraction_static: float | None = Field(None, gt=0, le=1, description="--mem-fraction-static")
+    tp_size: int = Field(1, ge=1, description="--tp-size")
+    skip_tokenizer_init: bool = Field(False, description="--skip-tokenizer-init")
+    enable_metrics: bool = Field(False, description="--enable-metrics")
+    log_level: str = Field("warning", description="--log-level")
+    device: str = Field("auto", description="--device (cpu, cuda, auto)")
+    api_key: str | None = Field(None, description="--api-key")
+    admin_api_key: str | None = Field(None, description="--admin-api-key")
+    extra_args: list[str] = Field(default_factory=list, description="More flags, passed verbatim.")
+
+
+class WeightUpdateConfig(BaseConfig):
+    type: Literal["disk", "distributed"] = Field(
+        "disk", description="disk: save HF files and reload; distributed: broadcast over a group."
+    )
+    bucket_size_mb: float = Field(64.0, gt=0, description="Flattened bucket size for broadcast.")
+    master_address: str = Field("127.0.0.1", description="Trainer address for the broadcast group.")
+    master_port: int | None = Field(None, ge=1, le=65535, description="None picks a free port.")
+    group_name: str = Field("weight_update_group", description="Broadcast group name.")
+    timeout: float = Field(600.0, gt=0, description="Seconds before an update is abandoned.")
+    verify: bool = Field(False, description="Compare a few params via /get_weights_by_name.")
+
+
+class LauncherConfig(BaseConfig):
+    n_servers: int = Field(1, ge=1, description="Inference servers to start.")
+    server_backend: Literal["embedded", "sglang"] = Field(
+        "embedded", description="embedded: servers/ on CPU or GPU; sglang: real SGLang."
+    )
+    trainer_nproc: int = Field(1, ge=1, description="Trainer processes (torchrun --nproc-per-node).")
+    mode: Literal["local", "server_only", "trainer_only"] = Field(
+        "local", description="Start servers and trainer, only servers, or only the trainer."
+    )
+    server_threads: int = Field(1, ge=1, description="torch threads per server process.")
+    trainer_threads: int = Field(1, ge=1, description="torch threads per trainer process.")
+    startup_timeout: float = Field(180.0, gt=0, description="Seconds for servers to come up.")
+    gpus_per_server: int = Field(0, ge=0, description="GPUs given to each server (0 on CPU).")
+
+
+# --------------------------------------------------------------------------- bookkeeping
+
+
+class SaverConfig(BaseConfig):
+    freq_epochs: int | None = Field(None, ge=1, description="Save every N epochs.")
+    freq_steps: int | None = Field(None, ge=1, description="Save every N steps.")
+    freq_secs: float | None = Field(None, gt=0, description="Save every N seconds.")
+
+
+class EvaluatorConfig(SaverConfig):
+    n_samples: int = Field(1, ge=1, description="Samples per held-out prompt.")
+    max_prompts: int | None = Field(None, ge=1, description="Cap on held-out prompts per eval.")
+
+
+class RecoverConfig(SaverConfig):
+    mode: Literal["disabled", "auto", "resume"] = Field(
+        "disabled", description="auto: resume from a recovery checkpoint when one exists."
+    )
+    retries: int = Field(3, ge=0, description="Restarts the launcher allows in auto mode.")
+
+
+class StatsLoggerConfig(BaseConfig):
+    tensorboard: bool = Field(True, description="Write tensorboard event files.")
+    wandb_mode: Literal["disabled", "online", "offline"] = Field(
+        "disabled", description="Weights & Biases mode (when wandb is installed)."
+    )
+    wandb_project: str = Field("arealite", description="wandb project name.")
+    print_every: int = Field(1, ge=1, description="Console line every N steps.")
+
+
+class ClusterConfig(BaseConfig):
+    fileroot: str = Field("outputs", description="Root folder for logs, checkpoints, metrics.")
+
+
+# --------------------------------------------------------------------------- experiments
+
+
+class BaseExperimentConfig(BaseConfig):
+    experiment_name: str = Field("arealite", description="Experiment name (output folder).")
+    trial_name: str = Field("trial0", description="Trial name (output sub-folder).")
+    seed: int = Field(1, description="Global random seed.")
+    total_train_epochs: int = Field(1, ge=1, description="Epochs over the training set.")
+    total_train_steps: int | None = Field(None, ge=1, description="Stop after N steps if set.")
+    tokenizer_path: str = Field("", description="Tokenizer dir; empty uses the actor's path.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when present.")
+    dist_backend: Literal["auto", "gloo", "nccl"] = Field(
+        "auto", description="auto: nccl on cuda, gloo on cpu."
+    )
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    train_dataset: DatasetConfig = Field(default_factory=DatasetConfig)
+    valid_dataset: DatasetConfig | None = Field(None, description="Held-out split, if any.")
+    saver: SaverConfig = Field(default_factory=SaverConfig)
+    checkpointer: RecoverConfig = Field(
+        default_factory=RecoverConfig, description="Recovery checkpoints (DCP + state)."
+    )
+    evaluator: EvaluatorConfig = Field(default_factory=EvaluatorConfig)
+    stats_logger: StatsLoggerConfig = Field(default_factory=StatsLoggerConfig)
+
+
+class SFTConfig(BaseExperimentConfig):
+    kind: Literal["sft"] = Field("sft", description="Which experiment this file configures.")
+    model: TrainEngineConfig = Field(default_factory=TrainEngineConfig)
+
+
+class GRPOConfig(BaseExperimentConfig):
+    kind: Literal["grpo"] = Field("grpo", description="Which experiment this file configures.")
+    async_training: bool = Field(True, description="prepare_batch (async) or rollout_batch (sync).")
+    actor: PPOActorConfig = Field(default_factory=PPOActorConfig)
+    ref: PPOActorConfig | None = Field(None, description="Frozen reference model (kl_ctl > 0).")
+    rollout: InferenceEngineConfig = Field(default_factory=InferenceEngineConfig)
+    gconfig: GenerationHyperparameters = Field(default_factory=GenerationHyperparameters)
+    eval_gconfig: GenerationHyperparameters | None = Field(
+        None, description="Generation settings for evaluation; None: greedy gconfig."
+    )
+    workflow: WorkflowConfig = Field(default_factory=WorkflowConfig)
+    sglang: SGLangConfig = Field(default_factory=SGLangConfig)
+    weight_update: WeightUpdateConfig = Field(default_factory=WeightUpdateConfig)
+    launcher: LauncherConfig = Field(default_factory=LauncherConfig)
+    sft_warmstart: SFTConfig | None = Field(
+        None, description="Optional SFT run that produces the initial policy."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> GRPOConfig:
+        if self.actor.group_size != self.gconfig.n_samples:
+            raise ValueError(
+                f"actor.group_size ({self.actor.group_size}) must equal gconfig.n_samples "
+                f"({self.gconfig.n_samples})"
+            )
+        if self.actor.kl_ctl > 0 and self.ref is None:
+            raise ValueError("actor.kl_ctl > 0 needs a `ref` model")
+        return self
+
+
+CONFIG_CLASSES: dict[str, type[BaseExperimentConfig]] = {"grpo": GRPOConfig, "sft": SFTConfig}

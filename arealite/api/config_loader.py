@@ -1,0 +1,119 @@
+"""Load a config tree from YAML plus dotted ``key=value`` overrides, with readable errors."""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from arealite.api.config import CONFIG_CLASSES, BaseExperimentConfig
+
+C = TypeVar("C", bound=BaseModel)
+
+
+class ConfigError(ValueError):
+    """A config file or override is wrong; the message names the key. CLIs exit with status 2."""
+
+
+def _fields_at(cls: type[BaseModel], path: list[str]) -> list[str]:
+    """Valid field names of the model found by walking ``path`` from ``cls`` (best effort)."""
+    model: Any = cls
+    for part in path:
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        ann = field.annotation
+        candidates = [ann, *getattr(ann, "__args__", ())]
+        model = next(
+            (c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None
+        )
+        if model is None:
+            return []
+    return list(getattr(model, "model_fields", {}))
+
+
+def _format_validation_error(cls: type[BaseModel], err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        loc = [str(x) for x in e["loc"] if not str(x).startswith("function-after")]
+        key = ".".join(loc) or "<root>"
+        if e["type"] == "extra_forbidden":
+            valid = _fields_at(cls, loc[:-1])
+            close = difflib.get_close_matches(loc[-1], valid, n=3, cutoff=0.5)
+            hint = f" (did you mean: {', '.join(close)}?)" if close else ""
+            lines.append(f"unknown key '{key}'{hint}")
+        else:
+            lines.append(f"bad value for '{key}': {e['msg']} (got {e.get('input')!r})")
+    return "; ".join(lines)
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``a.b.c=VALUE`` -> (["a","b","c"], VALUE parsed as YAML, so 1e-5, true, [1,2] work)."""
+    if "=" not in item:
+        raise ConfigError(f"override '{item}' is not of the form key=value")
+    key, raw = item.split("=", 1)
+    if not key or any(not p for p in key.split(".")):
+        raise ConfigError(f"override '{item}' has an empty key part")
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override '{item}': value is not valid YAML: {e}") from None
+    return key.split("."), value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    for item in overrides:
+        path, value = parse_override(item)
+        node = data
+        for part in path[:-1]:
+            nxt = node.get(part)
+            if not isinstance(nxt, dict):
+                nxt = {}
+                node[part] = nxt
+            node = nxt
+        node[path[-1]] = value
+    return data
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: the top level must be a mapping")
+    return data
+
+
+def build_config(cls: type[C], data: dict[str, Any]) -> C:
+    try:
+        return cls.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format_validation_error(cls, e)) from None
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    cls: type[BaseExperimentConfig] | None = None,
+) -> BaseExperimentConfig:
+    """Read YAML (optional), apply overrides, validate. The class comes from ``kind``
+    (``grpo`` by default) unless given."""
+    data = read_yaml(path) if path is not None else {}
+    data = apply_overrides(data, list(overrides or []))
+    if cls is None:
+        kind = data.get("kind", "grpo")
+        if kind not in CONFIG_CLASSES:
+            raise ConfigError(f"unknown kind '{kind}'; valid: {', '.join(CONFIG_CLASSES)}")
+        cls = CONFIG_CLASSES[kind]
+    return build_config(cls, data)
+
+
+def to_yaml(config: BaseModel) -> str:
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,176 @@
+"""Data passed between the layers: requests, responses, weight-update and checkpoint metadata.
+
+Trajectory contract (what a ``RolloutWorkflow`` returns and the trainer consumes): a ``dict`` of
+tensors, all with leading dimension ``B`` (one row per sample), right-padded along dim 1:
+
+- ``input_ids``      ``[B, S]`` int64  prompt + completion tokens (pad id 0 past the end)
+- ``attention_mask`` ``[B, S]`` bool   True on real tokens (a prefix of each row)
+- ``loss_mask``      ``[B, S]`` bool   True on tokens the policy generated and is trained on
+- ``logprobs``       ``[B, S]`` float32 behaviour logprob of ``input_ids[b, t]`` (0 where not generated)
+- ``versions``       ``[B, S]`` int64  weight version that generated ``input_ids[b, t]``;
+                                       -1 on prompt, feedback and padding tokens
+- ``rewards``        ``[B]``    float32 scalar reward per sample
+
+Further keys are allowed when their leading dimension is ``B`` (e.g. ``sample_ids [B]``);
+``arealite.utils.data.concat_padded_tensors`` pads and concatenates trajectories of different
+lengths. A workflow returns ``None`` to reject an episode (it is counted, never trained on).
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from arealite.api.config import GenerationHyperparameters
+
+StopReason = Literal["length", "stop", "abort"]
+
+
+@dataclass
+class ModelRequest:
+    """One generation request: a prompt as token ids plus sampling settings."""
+
+    rid: str = field(default_factory=lambda: uuid.uuid4().hex)
+    input_ids: list[int] = field(default_factory=list)
+    gconfig: GenerationHyperparameters = field(default_factory=GenerationHyperparameters)
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` on a request no server could serve (checked before any HTTP)."""
+        if not isinstance(self.rid, str) or not self.rid:
+            raise ValueError("ModelRequest.rid must be a non-empty string")
+        if not self.input_ids:
+            raise ValueError(f"ModelRequest {self.rid}: input_ids is empty")
+        if any((not isinstance(t, int)) or isinstance(t, bool) or t < 0 for t in self.input_ids):
+            raise ValueError(f"ModelRequest {self.rid}: input_ids must be non-negative ints")
+        if not isinstance(self.gconfig, GenerationHyperparameters):
+            raise ValueError(f"ModelRequest {self.rid}: gconfig must be GenerationHyperparameters")
+        if self.gconfig.max_new_tokens < 0:
+            raise ValueError(f"ModelRequest {self.rid}: max_new_tokens must be >= 0")
+
+    def copy(self) -> ModelRequest:
+        return ModelRequest(
+            rid=self.rid,
+            input_ids=list(self.input_ids),
+            gconfig=self.gconfig.model_copy(),
+            metadata=dict(self.metadata),
+        )
+
+
+LLMRequest = ModelRequest
+
+
+@dataclass
+class ModelResponse:
+    """The outcome of one request; ``output_versions`` has one version per output token."""
+
+    input_tokens: list[int] = field(default_factory=list)
+    output_tokens: list[int] = field(default_factory=list)
+    output_logprobs: list[float] = field(default_factory=list)
+    output_versions: list[int] = field(default_factory=list)
+    stop_reason: StopReason = "stop"
+    latency: float = float("inf")
+    ttft: float = float("inf")  # time to first token (seconds)
+    server: str = ""  # address of the server that produced the last segment
+
+    @property
+    def input_len(self) -> int:
+        return len(self.input_tokens)
+
+    @property
+    def output_len(self) -> int:
+        return len(self.output_tokens)
+
+
+LLMResponse = ModelResponse
+
+
+class WeightUpdateType(str, enum.Enum):
+    DISK = "disk"
+    DISTRIBUTED = "distributed"
+
+
+@dataclass
+class ParamSpec:
+    """Name, shape and dtype (torch attribute name, e.g. ``"bfloat16"``) of one parameter."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= int(s)
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        import torch
+
+        return self.numel * torch.empty((), dtype=getattr(torch, self.dtype)).element_size()
+
+
+@dataclass
+class WeightUpdateMeta:
+    """How the trainer hands new weights to the servers.
+
+    ``disk``: the trainer writes an HF directory at ``path`` and the servers load it.
+    ``distributed``: the trainer (rank 0) broadcasts over a group it builds exactly as SGLang
+    does (``master_address:master_port``, ``group_name``), in buckets of ``bucket_size_mb``.
+    """
+
+    type: WeightUpdateType | str = WeightUpdateType.DISK
+    version: int = 0
+    path: str | None = None
+    group_name: str = "weight_update_group"
+    master_address: str = "127.0.0.1"
+    master_port: int | None = None
+    bucket_size_mb: float = 64.0
+    timeout: float = 600.0
+    param_specs: list[list[ParamSpec]] = field(default_factory=list)  # one list per bucket
+
+    def __post_init__(self) -> None:
+        self.type = WeightUpdateType(self.type)
+        if self.type == WeightUpdateType.DISK and not self.path:
+            raise ValueError("a disk weight update needs a path")
+
+
+@dataclass
+class FinetuneSpec:
+    total_train_epochs: int
+    dataset_size: int
+    train_batch_size: int
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return max(1, self.dataset_size // self.train_batch_size)
+
+    @property
+    def total_train_steps(self) -> int:
+        return self.total_train_epochs * self.steps_per_epoch
+
+
+@dataclass
+class SaveLoadMeta:
+    """A save or load: HF files (``hf``) or a sharded recovery checkpoint (``dcp``)."""
+
+    path: str
+    weight_format: Literal["hf", "dcp"] = "hf"
+    with_optim: bool = False
+    tokenizer: Any | None = None  # saved beside HF weights when given
+    base_model_path: str | None = None
+
+
+@dataclass
+class RolloutStat:
+    """Counters of the rollout executor (see ARCHITECTURE invariants 1 and 6)."""
+
+    submitted: int = 0
+    accepted: int = 0
+    running: int = 0
+    rejected: int = 0
+    failed: int = 0

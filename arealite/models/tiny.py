@@ -1,0 +1,116 @@
+"""A tiny Qwen2-architecture model and a byte-level BPE tokenizer, built locally.
+
+Nothing can be downloaded on our machines, so tests, the main job and the benchmarks use a model
+built here from a config. The tokenizer is trained with ``tokenizers`` on text from the toy task
+(digits split one per token, so arithmetic is learnable), carries Qwen-style special tokens and a
+chat template, and saves as an HF directory that ``AutoTokenizer`` and ``AutoModelForCausalLM``
+load. Everything is deterministic for a given seed.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+PAD_TOKEN = "<|endoftext|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+SPECIAL_TOKENS = [PAD_TOKEN, IM_START, IM_END]
+
+# Qwen2-style template; ``add_generation_prompt`` opens the assistant turn.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+@dataclass
+class TinyModelSpec:
+    seed: int = 0
+    vocab_size: int = 384
+    hidden_size: int = 128
+    intermediate_size: int = 384
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4  # head_dim = 32
+    num_key_value_heads: int = 2
+    max_position_embeddings: int = 512
+    tie_word_embeddings: bool = False  # untied: servers reload weights in place
+
+
+def _tokenizer_corpus(seed: int) -> list[str]:
+    from arealite.dataset.toy_math import generate_toy_math
+
+    rows = generate_toy_math(n=3000, seed=seed)
+    texts = []
+    for r in rows:
+        texts.append(f"{IM_START}user\n{r['question']}{IM_END}\n{IM_START}assistant\n")
+        texts.append(r["answer"])
+    texts.append("The capital of France is Paris. Answer again: wrong, try once more.")
+    return texts
+
+
+def build_tokenizer(out_dir: str | Path, spec: TinyModelSpec | None = None):
+    """Train and save the tokenizer; returns a ``PreTrainedTokenizerFast``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    spec = spec or TinyModelSpec()
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=spec.vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_tokenizer_corpus(spec.seed), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token=IM_END,
+        pad_token=PAD_TOKEN,
+        bos_token=None,
+        unk_token=None,
+        additional_special_tokens=[IM_START],
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(str(out_dir))
+    return fast
+
+
+def build_tiny_model(out_dir: str | Path, spec: TinyModelSpec | None = None) -> Path:
+    """Build tokenizer + randomly initialised Qwen2 model into ``out_dir`` (an HF directory)."""
+    import torch
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    spec = spec or TinyModelSpec()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tok = build_tokenizer(out, spec)
+    config = Qwen2Config(
+        vocab_size=len(tok),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        max_position_embeddings=spec.max_position_embeddings,
+        tie_word_embeddings=spec.tie_word_embeddings,
+        bos_token_id=None,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        torch_dtype="float32",
+    )
+    torch.manual_seed(spec.seed)
+    model = Qwen2ForCausalLM(config)
+    model.generation_config = GenerationConfig(
+        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
+    )
+    model.save_pretrained(str(out), safe_serialization=True)
+    (out / "arealite_tiny_spec.json").write_text(json.dumps(asdict(spec), indent=2))
+    return out

@@ -1,0 +1,34 @@
+"""Shared fixtures: the tiny model (built once per session), toy data, and process helpers."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+# Several processes share 2 cores: keep torch single-threaded in tests and their children.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """An HF directory with the tiny Qwen2 model and its tokenizer (seed 0)."""
+    from arealite.models.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny_model"))
+
+
+@pytest.fixture(scope="session")
+def toy_data_dir(tmp_path_factory) -> Path:
+    from arealite.dataset.toy_math import write_toy_math
+
+    out = tmp_path_factory.mktemp("toy_data")
+    write_toy_math(out, n_train=200, n_valid=40, seed=0)
+    return out
+
+
+@pytest.fixture(scope="session")
+def gsm8k_fixture() -> Path:
+    return Path(__file__).parent / "fixtures" / "gsm8k_sample.jsonl"

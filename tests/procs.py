@@ -1,0 +1,72 @@
+"""Start processes for tests and always kill them by process group, even on failure."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+
+from arealite.utils.network import LOOPBACK, find_free_port, wait_http_ok
+
+
+def kill_group(proc: subprocess.Popen, grace: float = 5.0) -> None:
+    """SIGTERM the process group, then SIGKILL whatever is left after ``grace`` seconds."""
+    if proc.poll() is not None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)  # stray children of an exited leader
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        pass
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=grace)
+
+
+@contextlib.contextmanager
+def spawn(cmd: list[str], env: dict | None = None) -> Iterator[tuple[subprocess.Popen, str]]:
+    """Run ``cmd`` in its own process group, output to a temp log; yields (proc, log_path)."""
+    log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    proc = subprocess.Popen(
+        cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env, start_new_session=True
+    )
+    try:
+        yield proc, log.name
+    finally:
+        kill_group(proc)
+        log.close()
+
+
+def log_tail(path: str, n: int = 40) -> str:
+    with open(path, errors="replace") as f:
+        return "".join(f.readlines()[-n:])
+
+
+@contextlib.contextmanager
+def embedded_server(
+    model_path: str, extra_args: list[str] | None = None, timeout: float = 120.0
+) -> Iterator[str]:
+    """Start ``python -m servers.launch_server`` on a free loopback port; yields ``host:port``."""
+    port = find_free_port()
+    cmd = [
+        sys.executable, "-m", "servers.launch_server", "--model-path", str(model_path),
+        "--host", LOOPBACK, "--port", str(port), *(extra_args or []),
+    ]
+    with spawn(cmd) as (proc, log):
+        t0 = time.monotonic()
+        ok = wait_http_ok(f"http://{LOOPBACK}:{port}/health", timeout, alive=lambda: proc.poll() is None)
+        if not ok:
+            raise RuntimeError(
+                f"server did not become healthy in {time.monotonic() - t0:.0f}s:\n{log_tail(log)}"
+            )
+        yield f"{LOOPBACK}:{port}"

@@ -1,0 +1,1 @@
+"""Rollout workflows and reward functions (depend on arealite.api only)."""
