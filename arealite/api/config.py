@@ -318,8 +318,8 @@ class BaseExperimentConfig(BaseConfig):
     train_dataset: DatasetConfig = Field(default_factory=DatasetConfig)
     valid_dataset: DatasetConfig | None = Field(None, description="Held-out split, if any.")
     saver: SaverConfig = Field(default_factory=SaverConfig)
-    checkpointer: RecoverConfig = Field(
-        default_factory=RecoverConfig, description="Recovery checkpoints (DCP + state)."
+    recover: RecoverConfig = Field(
+        default_factory=RecoverConfig, description="Recovery checkpoints (DCP + state) and resume."
     )
     evaluator: EvaluatorConfig = Field(default_factory=EvaluatorConfig)
     stats_logger: StatsLoggerConfig = Field(default_factory=StatsLoggerConfig)

@@ -45,6 +45,8 @@ def _format_validation_error(cls: type[BaseModel], err: ValidationError) -> str:
             close = difflib.get_close_matches(loc[-1], valid, n=3, cutoff=0.5)
             hint = f" (did you mean: {', '.join(close)}?)" if close else ""
             lines.append(f"unknown key '{key}'{hint}")
+        elif isinstance(e.get("input"), dict):  # a cross-field check of a whole section
+            lines.append(f"invalid '{key}': {e['msg'].removeprefix('Value error, ')}")
         else:
             lines.append(f"bad value for '{key}': {e['msg']} (got {e.get('input')!r})")
     return "; ".join(lines)

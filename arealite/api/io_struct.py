@@ -27,6 +27,8 @@ from arealite.api.config import GenerationHyperparameters
 
 StopReason = Literal["length", "stop", "abort"]
 
+DISK_READY_MARKER = "arealite_weights_ready.json"
+
 
 @dataclass
 class ModelRequest:
@@ -137,6 +139,14 @@ class WeightUpdateMeta:
         self.type = WeightUpdateType(self.type)
         if self.type == WeightUpdateType.DISK and not self.path:
             raise ValueError("a disk weight update needs a path")
+
+    @property
+    def disk_ready_marker(self) -> str:
+        """File the trainer writes (``{"version": v}``) after the HF files of a disk update are
+        complete; the client waits for it before asking servers to load ``path``."""
+        import os
+
+        return os.path.join(self.path or "", DISK_READY_MARKER)
 
 
 @dataclass

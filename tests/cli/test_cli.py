@@ -1,0 +1,48 @@
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).parents[2]
+
+
+def run_cli(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "arealite.cli.main", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+
+
+def test_config_dry_run_prints_resolved_yaml():
+    r = run_cli("config", "configs/toy_grpo.yaml", "actor.optimizer.lr=0.001", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    assert yaml.safe_load(r.stdout)["actor"]["optimizer"]["lr"] == 0.001
+
+
+def test_unknown_key_exits_2_without_traceback():
+    r = run_cli("config", "configs/toy_grpo.yaml", "actor.no_such_key=1")
+    assert r.returncode == 2
+    assert "actor.no_such_key" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_missing_file_exits_2():
+    r = run_cli("config", "configs/nope.yaml")
+    assert r.returncode == 2 and "not found" in r.stderr
+
+
+def test_tiny_model_command(tmp_path):
+    r = run_cli("tiny-model", "--out", str(tmp_path / "m"), "--seed", "1")
+    assert r.returncode == 0, r.stderr
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tmp_path / "m")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "m")
+    out = model.generate(tok("What is 1 + 1?", return_tensors="pt").input_ids, max_new_tokens=3)
+    assert out.shape[1] >= 3
+
+
+def test_toy_data_command(tmp_path):
+    r = run_cli("toy-data", "--out", str(tmp_path), "--n-train", "10", "--n-valid", "5")
+    assert r.returncode == 0, r.stderr
+    assert len((tmp_path / "train.jsonl").read_text().splitlines()) == 10
