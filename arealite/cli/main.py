@@ -35,7 +35,7 @@ def _cmd_import_smollm2(args: argparse.Namespace) -> int:
 def _cmd_toy_data(args: argparse.Namespace) -> int:
     from arealite.dataset.toy_math import write_toy_math
 
-    paths = write_toy_math(args.out, args.n_train, args.n_valid, args.seed, args.max_operand)
+    paths = write_toy_math(args.out, args.n_train, args.n_valid, args.seed, args.digits)
     for p in paths.values():
         print(p)
     return 0
@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--n-train", type=int, default=2000)
     d.add_argument("--n-valid", type=int, default=100)
     d.add_argument("--seed", type=int, default=0)
-    d.add_argument("--max-operand", type=int, default=9)
+    d.add_argument("--digits", type=int, default=2)
     d.set_defaults(fn=_cmd_toy_data)
 
     r = sub.add_parser("train", help="start the server pool and the trainer (local launcher)")

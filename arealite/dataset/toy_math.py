@@ -1,9 +1,13 @@
-"""A verifiable toy task a tiny model can learn on a CPU: small arithmetic in GSM8K format.
+"""A verifiable toy task a tiny model can learn on a CPU: digit-wise arithmetic in GSM8K format.
 
-Each row is ``{"id", "question", "answer"}`` with the answer ending in ``#### N`` exactly like
-GSM8K, so the same reward (``workflows.rewards``) scores the toy task and real math data. Train
-and held-out splits never share a problem: a problem's split is fixed by a hash of the problem
-itself, not by its position.
+Problems are two-digit additions without carries and subtractions without borrows
+(``What is 23 + 41?`` -> ``#### 64``). Each answer digit depends on one digit pair only, so the
+skill is compositional: a model that learns the per-digit facts from the training split solves
+held-out problems it never saw (single-digit facts, by contrast, can only be memorised, and
+held-out accuracy then stays near chance). Rows are ``{"id", "question", "answer"}`` with the
+answer ending in ``#### N`` exactly like GSM8K, so the same rewards score the toy task and real
+math data. A problem's split is fixed by a hash of the problem, never by its position, so train
+and held-out never share a problem.
 """
 
 from __future__ import annotations
@@ -14,66 +18,79 @@ import random
 from pathlib import Path
 from typing import Any
 
-OPS = ("+", "-")
+Problem = tuple[int, str, int]
 
 
-def _problem(a: int, op: str, b: int) -> dict[str, str]:
-    c = a + b if op == "+" else a - b
-    return {"question": f"What is {a} {op} {b}?", "answer": f"{a} {op} {b} = {c}\n#### {c}"}
+def _digitwise_ok(a: int, op: str, b: int) -> bool:
+    da, db = str(a), str(b).rjust(len(str(a)), "0")
+    if len(str(b)) > len(str(a)):
+        return False
+    if op == "+":
+        return all(int(x) + int(y) <= 9 for x, y in zip(da, db))
+    return all(int(x) >= int(y) for x, y in zip(da, db))
 
 
-def _is_heldout(a: int, op: str, b: int, seed: int, valid_fraction: float) -> bool:
-    h = hashlib.sha256(f"{seed}:{a}{op}{b}".encode()).digest()
+def all_problems(digits: int = 2) -> list[Problem]:
+    """Every problem: ``digits``-digit operands, no carries (``+``), no borrows (``-``)."""
+    lo, hi = 10 ** (digits - 1) if digits > 1 else 0, 10**digits
+    return [
+        (a, op, b)
+        for a in range(lo, hi)
+        for b in range(lo, hi)
+        for op in ("+", "-")
+        if _digitwise_ok(a, op, b)
+    ]
+
+
+def solve(a: int, op: str, b: int) -> int:
+    return a + b if op == "+" else a - b
+
+
+def format_problem(a: int, op: str, b: int) -> dict[str, str]:
+    return {"question": f"What is {a} {op} {b}?", "answer": f"#### {solve(a, op, b)}"}
+
+
+def _is_heldout(p: Problem, seed: int, valid_fraction: float) -> bool:
+    h = hashlib.sha256(f"{seed}:{p[0]}{p[1]}{p[2]}".encode()).digest()
     return int.from_bytes(h[:4], "big") / 2**32 < valid_fraction
-
-
-def all_problems(max_operand: int = 9) -> list[tuple[int, str, int]]:
-    """Every problem of the task; subtraction only when the result is non-negative."""
-    out = []
-    for a in range(max_operand + 1):
-        for b in range(max_operand + 1):
-            out.append((a, "+", b))
-            if a >= b:
-                out.append((a, "-", b))
-    return out
 
 
 def generate_toy_math(
     n: int,
     seed: int = 0,
     split: str = "train",
-    max_operand: int = 9,
+    digits: int = 2,
     valid_fraction: float = 0.2,
 ) -> list[dict[str, Any]]:
-    """``n`` rows drawn (with repetition when ``n`` exceeds the split's size) from one split."""
+    """``n`` distinct rows of one split (drawn with repetition only when ``n`` exceeds it)."""
     if split not in ("train", "valid", "all"):
         raise ValueError(f"split must be train, valid or all, not {split!r}")
     pool = [
         p
-        for p in all_problems(max_operand)
-        if split == "all" or _is_heldout(*p, seed, valid_fraction) == (split == "valid")
+        for p in all_problems(digits)
+        if split == "all" or _is_heldout(p, seed, valid_fraction) == (split == "valid")
     ]
     if not pool:
-        raise ValueError("the split is empty; raise max_operand or valid_fraction")
-    rng = random.Random(seed * 1000003 + (split == "valid"))
+        raise ValueError("the split is empty; change digits or valid_fraction")
+    rng = random.Random(f"{seed}:{split}")
     rng.shuffle(pool)
     picked = pool[:n] if n <= len(pool) else [rng.choice(pool) for _ in range(n)]
-    return [{"id": i, **_problem(*p)} for i, p in enumerate(picked)]
+    return [{"id": i, **format_problem(*p)} for i, p in enumerate(picked)]
 
 
 def write_toy_math(
     out_dir: str | Path,
     n_train: int = 2000,
-    n_valid: int = 100,
+    n_valid: int = 200,
     seed: int = 0,
-    max_operand: int = 9,
+    digits: int = 2,
 ) -> dict[str, Path]:
     """Write ``train.jsonl`` and ``valid.jsonl`` into ``out_dir``; returns their paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {}
     for split, n in (("train", n_train), ("valid", n_valid)):
-        rows = generate_toy_math(n, seed=seed, split=split, max_operand=max_operand)
+        rows = generate_toy_math(n, seed=seed, split=split, digits=digits)
         p = out / f"{split}.jsonl"
         p.write_text("".join(json.dumps(r) + "\n" for r in rows))
         paths[split] = p

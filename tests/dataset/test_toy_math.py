@@ -2,23 +2,33 @@ import re
 
 import pytest
 
-from arealite.dataset.toy_math import all_problems, generate_toy_math, write_toy_math
+from arealite.dataset.toy_math import all_problems, generate_toy_math, solve, write_toy_math
 
 
 def test_answers_are_correct_gsm8k_format():
-    for r in generate_toy_math(300, seed=2, split="all"):
-        a, op, b = re.match(r"What is (\d+) ([+-]) (\d+)\?", r["question"]).groups()
-        want = int(a) + int(b) if op == "+" else int(a) - int(b)
-        assert r["answer"].endswith(f"#### {want}")
+    rows = generate_toy_math(500, seed=2, split="all")
+    for r in rows:
+        a, op, b = re.fullmatch(r"What is (\d+) ([+-]) (\d+)\?", r["question"]).groups()
+        want = solve(int(a), op, int(b))
+        assert r["answer"] == f"#### {want}"
+        # digit-wise: no carries, no borrows
+        for x, y in zip(a, b.rjust(len(a), "0")):
+            assert (int(x) + int(y) <= 9) if op == "+" else (int(x) >= int(y))
+    assert len({r["question"] for r in rows}) == len(rows)
 
 
 def test_splits_are_disjoint_and_deterministic():
-    train = {r["question"] for r in generate_toy_math(1000, seed=0, split="train")}
-    valid = {r["question"] for r in generate_toy_math(1000, seed=0, split="valid")}
+    train = {r["question"] for r in generate_toy_math(10**6, seed=0, split="train")}
+    valid = {r["question"] for r in generate_toy_math(10**6, seed=0, split="valid")}
     assert train and valid and not (train & valid)
     assert len(train) + len(valid) == len(all_problems())
+    assert 0.1 < len(valid) / len(all_problems()) < 0.3
     assert generate_toy_math(20, seed=5) == generate_toy_math(20, seed=5)
     assert generate_toy_math(20, seed=5) != generate_toy_math(20, seed=6)
+
+
+def test_one_digit_variant():
+    assert all(a < 10 and b < 10 for a, _, b in all_problems(1))
 
 
 def test_bad_split():
