@@ -264,6 +264,21 @@ class LauncherConfig(BaseConfig):
     trainer_threads: int = Field(1, ge=1, description="torch threads per trainer process.")
     startup_timeout: float = Field(180.0, gt=0, description="Seconds for servers to come up.")
     gpus_per_server: int = Field(0, ge=0, description="GPUs given to each server (0 on CPU).")
+    server_host: str = Field(
+        "127.0.0.1",
+        description="Address servers bind to; 0.0.0.0 serves other machines (reached by hostname).",
+    )
+    entry_module: str | None = Field(
+        None, description="Trainer module for torchrun -m; None: arealite.trainer.<kind>."
+    )
+    stop_grace: float = Field(
+        10.0, gt=0, description="Seconds between SIGTERM and SIGKILL when stopping a process."
+    )
+    max_server_failures: int = Field(
+        0, ge=0,
+        description="Servers that may die after start-up before the run is stopped "
+        "(the client routes around dead servers); 0 stops at the first.",
+    )
 
 
 # --------------------------------------------------------------------------- bookkeeping
@@ -328,6 +343,17 @@ class BaseExperimentConfig(BaseConfig):
 class SFTConfig(BaseExperimentConfig):
     kind: Literal["sft"] = Field("sft", description="Which experiment this file configures.")
     model: TrainEngineConfig = Field(default_factory=TrainEngineConfig)
+    prompt_key: str = Field("question", description="Row field holding the prompt.")
+    completion_key: str = Field("answer", description="Row field holding the target completion.")
+    use_chat_template: bool = Field(True, description="Wrap prompts as a chat user turn.")
+    stop_at_valid_accuracy: float | None = Field(
+        None, ge=0.0, le=1.0,
+        description="Stop once held-out greedy exact-match accuracy reaches this (warm starts).",
+    )
+    output_dir: str = Field("", description="Final HF model directory; empty: under fileroot.")
+    launcher: LauncherConfig = Field(
+        default_factory=LauncherConfig, description="Trainer processes (servers are not used)."
+    )
 
 
 class GRPOConfig(BaseExperimentConfig):

@@ -1,0 +1,48 @@
+"""Small pieces every entry script needs: config from argv, run folders, rank info, tokenizer."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from arealite.api.config import BaseExperimentConfig
+from arealite.api.config_loader import ConfigError, load_config
+
+
+def config_from_argv(argv: list[str] | None, cls: type[BaseExperimentConfig]) -> Any:
+    """``CONFIG.yaml key=value ...`` -> a validated config; a config error exits with status 2."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    path = argv.pop(0) if argv and "=" not in argv[0] else None
+    try:
+        return load_config(path, argv, cls)
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def dist_info() -> tuple[int, int]:
+    """(rank, world size) from torchrun's environment; (0, 1) when run directly."""
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+def run_dir(config: BaseExperimentConfig, *parts: str) -> Path:
+    return Path(config.cluster.fileroot, config.experiment_name, config.trial_name, *parts)
+
+
+def load_tokenizer(path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def setup_logging(rank: int) -> None:
+    logging.basicConfig(
+        level=logging.INFO if rank == 0 else logging.WARNING,
+        format=f"%(asctime)s [r{rank}] %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    for noisy in ("httpx", "urllib3", "transformers"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
