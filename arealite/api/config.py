@@ -151,6 +151,15 @@ class PPOActorConfig(TrainEngineConfig):
         return self
 
 
+class PPOCriticConfig(TrainEngineConfig):
+    """Value model for PPO with GAE (optional; GRPO needs none)."""
+
+    ppo_n_minibatches: int = Field(1, ge=1, description="Optimizer steps per trainer step.")
+    value_eps_clip: float | None = Field(
+        0.2, description="Clip of the new value around the old one (PPO value clipping); None off."
+    )
+
+
 # --------------------------------------------------------------------------- rollout
 
 

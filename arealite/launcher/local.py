@@ -1,0 +1,287 @@
+"""The local launcher: ``arealite train CONFIG [key=value ...] [--dry-run]``.
+
+Starts the server pool (embedded ``servers.launch_server`` or real ``sglang.launch_server``),
+waits for every ``/health``, then runs ``torchrun -m arealite.trainer.<kind>`` with the
+addresses in ``AREAL_LLM_SERVER_ADDRS``. Logs are streamed as ``[server0] ...``/``[trainer] ...``
+and written to ``{fileroot}/{experiment}/{trial}/logs/``. When a part fails, everything stops
+and the exit status is non-zero with that part's last lines shown; Ctrl-C or SIGTERM stops
+everything. ``launcher.mode``: ``local`` (both sides), ``server_only`` (servers until Ctrl-C),
+``trainer_only`` (servers given by ``rollout.server_addrs`` or ``AREAL_LLM_SERVER_ADDRS``).
+With ``recover.mode=auto`` a failed trainer is restarted (servers kept) from the newest
+recovery checkpoint, at most ``recover.retries`` times.
+
+Also ``python -m arealite.launcher.local CONFIG [key=value ...] [--dry-run]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from arealite.api.config import BaseExperimentConfig, GRPOConfig
+from arealite.api.config_loader import ConfigError, load_config, to_yaml
+from arealite.launcher import plan
+from arealite.launcher.plan import LaunchError, ProcSpec
+from arealite.launcher.supervisor import Console, ManagedProcess, stop_all
+from arealite.utils.network import find_free_port, find_free_ports
+from arealite.utils.recover import find_latest, recover_root
+
+POLL_S = 0.2
+
+
+class _Stop(Exception):
+    """A signal asked the launcher to stop."""
+
+
+class LocalLauncher:
+    def __init__(self, config: BaseExperimentConfig, config_path: str, overrides: list[str],
+                 console: Console | None = None) -> None:
+        self.cfg = config
+        self.config_path = config_path
+        self.overrides = overrides
+        self.lc = plan.launcher_config(config)
+        self.log_dir = plan.log_dir(config)
+        self.console = console or Console(log_file=None)
+        self.servers: list[ManagedProcess] = []
+        self.trainer: ManagedProcess | None = None
+        self.signum: int | None = None
+
+    # ------------------------------------------------------------------ planning
+    def mode(self) -> str:
+        mode = self.lc.mode
+        if not plan.uses_servers(self.cfg):
+            if mode == "server_only":
+                raise LaunchError(f"kind={self.cfg.kind} uses no servers; server_only is invalid")
+            return "trainer_only"
+        return mode
+
+    def plan(self) -> tuple[list[ProcSpec], ProcSpec | None]:
+        """The server specs and the trainer spec this run starts (ports chosen now)."""
+        mode = self.mode()
+        servers: list[ProcSpec] = []
+        if mode in ("local", "server_only"):
+            assert isinstance(self.cfg, GRPOConfig)
+            servers = plan.server_specs(self.cfg, find_free_ports(self.lc.n_servers))
+        if mode == "server_only":
+            return servers, None
+        if mode == "local":
+            addrs = [s.addr for s in servers if s.addr]
+        else:
+            addrs = plan.trainer_addrs(self.cfg) if plan.uses_servers(self.cfg) else None
+        trainer = plan.trainer_spec(
+            self.cfg, self.config_path, self.overrides, find_free_port(), addrs,
+            gpu_offset=plan.trainer_gpu_offset(self.cfg, len(servers)),
+        )
+        return servers, trainer
+
+    # ------------------------------------------------------------------ running
+    def say(self, text: str, err: bool = False) -> None:
+        self.console.line("launcher", text, sys.stderr if err else None)
+
+    def _check_signal(self) -> None:
+        if self.signum is not None:
+            raise _Stop()
+
+    def _fail(self, part: ManagedProcess, why: str, code: int | None) -> int:
+        lines = part.tail()
+        self.say(f"{part.name} {why}; its last {len(lines)} lines ({part.log_path}):", err=True)
+        for line in lines:
+            self.console.line(f"{part.name}:tail", line, sys.stderr)
+        return code if code not in (None, 0) else 1
+
+    def _wait_healthy(self) -> int | None:
+        """None when every server answers /health; else the exit status of the failure."""
+        deadline = time.monotonic() + self.lc.startup_timeout
+        pending = list(self.servers)
+        while pending:
+            self._check_signal()
+            for s in list(pending):
+                code = s.poll()
+                if code is not None:
+                    return self._fail(s, f"exited with code {code} before becoming healthy", code)
+                if _health_ok(s.spec.addr):
+                    self.say(f"{s.name} healthy at {s.spec.addr}")
+                    pending.remove(s)
+            if pending and time.monotonic() > deadline:
+                s = pending[0]
+                return self._fail(s, f"did not become healthy within {self.lc.startup_timeout:.0f}s"
+                                  " (launcher.startup_timeout)", None)
+            if pending:
+                time.sleep(POLL_S)
+        return None
+
+    def _start_trainer(self, spec: ProcSpec) -> None:
+        self.trainer = ManagedProcess(spec, self.log_dir, self.console)
+        self.say(f"starting trainer: {spec.shell()}")
+        self.trainer.start()
+
+    def _monitor(self, trainer_spec: ProcSpec | None) -> int:
+        """Watch the processes until the trainer finishes (or forever in server_only mode)."""
+        restarts, dead_servers = 0, set()
+        last_refresh = 0.0
+        while True:
+            self._check_signal()
+            now = time.monotonic()
+            if now - last_refresh > 1.0:  # remember grandchildren (torchrun workers)
+                for p in [*self.servers, *([self.trainer] if self.trainer else [])]:
+                    p.refresh_descendants()
+                last_refresh = now
+            for s in self.servers:
+                code = s.poll()
+                if code is None or s.name in dead_servers:
+                    continue
+                dead_servers.add(s.name)
+                too_many = len(dead_servers) > self.lc.max_server_failures
+                if too_many or len(dead_servers) == len(self.servers):
+                    return self._fail(s, f"exited with code {code}", code)
+                self.say(f"{s.name} exited with code {code}; continuing on the other servers "
+                         f"({len(dead_servers)}/{self.lc.max_server_failures} failures allowed)",
+                         err=True)
+            if self.trainer is not None:
+                code = self.trainer.poll()
+                if code == 0:
+                    self.say("trainer finished")
+                    return 0
+                if code is not None:
+                    ckpt = find_latest(recover_root(self.cfg))
+                    rc = self.cfg.recover
+                    if rc.mode == "auto" and ckpt is not None and restarts < rc.retries:
+                        restarts += 1
+                        self._fail(self.trainer, f"exited with code {code}", code)
+                        self.say(f"restarting the trainer from {ckpt} "
+                                 f"(restart {restarts}/{rc.retries}; servers kept)", err=True)
+                        self.trainer.stop(self.lc.stop_grace)  # leftover workers, if any
+                        assert trainer_spec is not None
+                        spec = ProcSpec(trainer_spec.name, _with_master_port(
+                            trainer_spec.cmd, find_free_port()), trainer_spec.env)
+                        self._start_trainer(spec)
+                        continue
+                    return self._fail(self.trainer, f"exited with code {code}", code)
+            time.sleep(POLL_S)
+
+    def run(self) -> int:
+        servers, trainer_spec = self.plan()
+        mode = self.mode()
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.say(f"mode={mode}; logs in {self.log_dir}")
+        addrs_file = plan.run_dir(self.cfg) / "server_addrs"
+        if servers:  # never leave an earlier run's addresses for a trainer to find
+            addrs_file.unlink(missing_ok=True)
+        try:
+            for spec in servers:
+                self.say(f"starting {spec.name}: {spec.shell()}")
+                p = ManagedProcess(spec, self.log_dir, self.console)
+                self.servers.append(p)
+                p.start()
+            if self.servers:
+                code = self._wait_healthy()
+                if code is not None:
+                    return code
+                line = f"{plan.ADDRS_ENV}={','.join(s.spec.addr or '' for s in self.servers)}"
+                _write_atomic(addrs_file, line + "\n")
+                self.say(f"servers ready: {line}")
+                if mode == "server_only":
+                    print(line, flush=True)
+                    self.say("serving until Ctrl-C")
+            if trainer_spec is not None:
+                self._start_trainer(trainer_spec)
+            return self._monitor(trainer_spec)
+        except _Stop:
+            name = signal.Signals(self.signum).name if self.signum else "signal"
+            self.say(f"{name} received: stopping everything", err=True)
+            return 128 + (self.signum or 0)
+        finally:
+            parts = [*([self.trainer] if self.trainer else []), *self.servers]
+            if parts:
+                self.say(f"stopping {', '.join(p.name for p in parts)}")
+                if self.trainer is not None:  # the trainer first: it may still talk to servers
+                    self.trainer.stop(self.lc.stop_grace)
+                stop_all(self.servers, self.lc.stop_grace)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Readers (e.g. deploy/slurm/trainer.sbatch polling for this file) never see half of it."""
+    tmp = path.with_name(path.name + ".part")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _with_master_port(cmd: list[str], port: int) -> list[str]:
+    out = list(cmd)
+    i = out.index("--master-port")
+    out[i + 1] = str(port)
+    return out
+
+
+def _health_ok(addr: str | None) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{addr}/health", timeout=2.0) as r:
+            return r.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def dry_run(launcher: LocalLauncher) -> str:
+    servers, trainer = launcher.plan()
+    lines = [f"# resolved config (kind={launcher.cfg.kind})", to_yaml(launcher.cfg).rstrip(),
+             f"# mode={launcher.mode()}; logs would go to {launcher.log_dir}",
+             "# commands (each in its own process group):"]
+    lines += [s.shell() for s in servers]
+    if trainer is not None:
+        lines.append(trainer.shell())
+    return "\n".join(lines) + "\n"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="arealite train", description=__doc__.split("\n\n")[0])
+    p.add_argument("config", help="configs/X.yaml")
+    p.add_argument("overrides", nargs="*", help="dotted key=value overrides")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the resolved config and the commands, start nothing")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+        launcher = LocalLauncher(cfg, args.config, list(args.overrides))
+        if args.dry_run:
+            sys.stdout.write(dry_run(launcher))
+            return 0
+        launcher.mode()  # validate before creating anything
+    except (ConfigError, LaunchError) as e:
+        print(f"arealite: {'config' if isinstance(e, ConfigError) else 'launch'} error: {e}",
+              file=sys.stderr)
+        return 2
+    log_dir = plan.log_dir(cfg)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    launcher.console = Console(log_file=Path(log_dir) / "launcher.log")
+    old = {}
+    if threading.current_thread() is threading.main_thread():
+        def on_signal(signum, _frame):
+            launcher.signum = signum
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            old[sig] = signal.signal(sig, on_signal)
+    try:
+        code = launcher.run()
+        launcher.say(f"exit status {code}; logs in {log_dir}", err=code != 0)
+    except LaunchError as e:
+        print(f"arealite: launch error: {e}", file=sys.stderr)
+        code = 2
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+        launcher.console.close()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,204 @@
+"""What the launchers start: the exact command line and extra environment of every process.
+
+Pure functions of the config (no process is started here), shared by the local launcher, its
+``--dry-run`` and the Ray launcher, so what a dry run prints is what a real run executes.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import socket
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from arealite.api.config import BaseExperimentConfig, GRPOConfig, LauncherConfig
+
+ADDRS_ENV = "AREAL_LLM_SERVER_ADDRS"
+SECRET_FLAGS = ("--api-key", "--admin-api-key")
+# launcher.server_backend -> the module run as `python -m MODULE` (same flags for both).
+SERVER_MODULES = {"embedded": "servers.launch_server", "sglang": "sglang.launch_server"}
+
+
+class LaunchError(ValueError):
+    """The config cannot be launched as asked (the message says why); exit status 2."""
+
+
+@dataclass
+class ProcSpec:
+    """One process to start: ``cmd`` with ``env`` set on top of the launcher's environment."""
+
+    name: str
+    cmd: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    addr: str | None = None  # host:port a server answers on
+
+    def shell(self, mask_secrets: bool = True) -> str:
+        """The command as one shell line, ``VAR=value ... cmd``, secrets masked by default."""
+        cmd = list(self.cmd)
+        if mask_secrets:
+            for i, a in enumerate(cmd[:-1]):
+                if a in SECRET_FLAGS:
+                    cmd[i + 1] = "***"
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        return (env + " " if env else "") + shlex.join(cmd)
+
+
+def run_dir(config: BaseExperimentConfig) -> Path:
+    return Path(config.cluster.fileroot) / config.experiment_name / config.trial_name
+
+
+def log_dir(config: BaseExperimentConfig) -> Path:
+    return run_dir(config) / "logs"
+
+
+def launcher_config(config: BaseExperimentConfig) -> LauncherConfig:
+    return getattr(config, "launcher", None) or LauncherConfig()
+
+
+def entry_module(config: BaseExperimentConfig) -> str:
+    """The trainer module: ``launcher.entry_module`` or ``arealite.trainer.<kind>``."""
+    return launcher_config(config).entry_module or f"arealite.trainer.{config.kind}"
+
+
+def parse_addrs(text: str | list[str], source: str) -> list[str]:
+    """``host:port,host:port`` (or a list) -> validated ``["host:port", ...]``."""
+    items = text.split(",") if isinstance(text, str) else list(text)
+    out = []
+    for raw in items:
+        a = raw.strip()
+        if not a:
+            continue
+        host, sep, port = a.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise LaunchError(f"{source}: '{a}' is not host:port")
+        out.append(a)
+    return out
+
+
+def trainer_addrs(config: BaseExperimentConfig, environ: dict[str, str] | None = None) -> list[str]:
+    """Server addresses for ``trainer_only``: ``rollout.server_addrs``, else the env var."""
+    environ = os.environ if environ is None else environ
+    rollout = getattr(config, "rollout", None)
+    if rollout is not None and rollout.server_addrs:
+        return parse_addrs(rollout.server_addrs, "rollout.server_addrs")
+    addrs = parse_addrs(environ.get(ADDRS_ENV, ""), ADDRS_ENV)
+    if not addrs:
+        raise LaunchError(
+            f"launcher.mode=trainer_only needs server addresses: set rollout.server_addrs "
+            f"or {ADDRS_ENV}=host:port,..."
+        )
+    return addrs
+
+
+def _device_ids(start: int, count: int, environ: dict[str, str]) -> str:
+    """GPU ids ``start .. start+count-1``, mapped through an inherited CUDA_VISIBLE_DEVICES
+    (e.g. Slurm's) so a launcher given GPUs 4-7 hands out 4-7, not 0-3."""
+    parent = environ.get("CUDA_VISIBLE_DEVICES")
+    if parent is None or parent.strip() == "":
+        return ",".join(str(i) for i in range(start, start + count))
+    visible = [x.strip() for x in parent.split(",") if x.strip()]
+    if start + count > len(visible):
+        raise LaunchError(
+            f"need GPUs {start}..{start + count - 1} but CUDA_VISIBLE_DEVICES={parent} "
+            f"has {len(visible)}"
+        )
+    return ",".join(visible[start:start + count])
+
+
+def advertised_host(bind_host: str) -> str:
+    """The address other processes use to reach a server bound to ``bind_host``."""
+    if bind_host in ("0.0.0.0", "::", ""):
+        return socket.gethostname()
+    return bind_host
+
+
+def server_specs(
+    config: GRPOConfig, ports: list[int], environ: dict[str, str] | None = None
+) -> list[ProcSpec]:
+    """One ``launch_server`` process per port: embedded (``servers.launch_server``) or real
+    SGLang (``sglang.launch_server``) with the same flags. Server ``i`` gets
+    ``--random-seed sglang.random_seed + i`` so servers given the same prompt do not sample the
+    same tokens, and ``--weight-version 0`` (the trainer's initial version)."""
+    environ = os.environ if environ is None else environ
+    lc, sg = config.launcher, config.sglang
+    model_path = sg.model_path or config.actor.path
+    if not model_path:
+        raise LaunchError("no model to serve: set sglang.model_path or actor.path")
+    if lc.gpus_per_server and sg.tp_size > lc.gpus_per_server:
+        raise LaunchError(f"sglang.tp_size={sg.tp_size} needs gpus_per_server >= {sg.tp_size}")
+    module = SERVER_MODULES[lc.server_backend]
+    host = lc.server_host
+    specs = []
+    for i, port in enumerate(ports):
+        cmd = [sys.executable, "-m", module, "--model-path", str(model_path),
+               "--host", host, "--port", str(port), "--weight-version", "0",
+               "--dtype", sg.dtype, "--log-level", sg.log_level]
+        if sg.random_seed is not None:
+            cmd += ["--random-seed", str(sg.random_seed + i)]
+        if sg.device != "auto":
+            cmd += ["--device", sg.device]
+        for flag, value in (("--max-running-requests", sg.max_running_requests),
+                            ("--context-length", sg.context_length),
+                            ("--mem-fraction-static", sg.mem_fraction_static),
+                            ("--api-key", sg.api_key), ("--admin-api-key", sg.admin_api_key)):
+            if value is not None:
+                cmd += [flag, str(value)]
+        if sg.tp_size != 1:
+            cmd += ["--tp-size", str(sg.tp_size)]
+        if sg.skip_tokenizer_init:
+            cmd.append("--skip-tokenizer-init")
+        if sg.enable_metrics:
+            cmd.append("--enable-metrics")
+        cmd += list(sg.extra_args)
+        env = {"OMP_NUM_THREADS": str(lc.server_threads), "PYTHONUNBUFFERED": "1"}
+        if lc.gpus_per_server:
+            env["CUDA_VISIBLE_DEVICES"] = _device_ids(i * lc.gpus_per_server, lc.gpus_per_server,
+                                                      environ)
+        specs.append(ProcSpec(f"server{i}", cmd, env, addr=f"{advertised_host(host)}:{port}"))
+    return specs
+
+
+def torchrun_prefix() -> list[str]:
+    """``torchrun`` of this interpreter's environment (or ``python -m torch.distributed.run``)."""
+    exe = Path(sys.executable).with_name("torchrun")
+    return [str(exe)] if exe.is_file() else [sys.executable, "-m", "torch.distributed.run"]
+
+
+def trainer_spec(
+    config: BaseExperimentConfig,
+    config_path: str,
+    overrides: list[str],
+    master_port: int,
+    server_addrs: list[str] | None,
+    gpu_offset: int | None = None,
+    environ: dict[str, str] | None = None,
+) -> ProcSpec:
+    """``torchrun --nproc-per-node K ... -m <entry> CONFIG overrides`` with the addresses in
+    ``AREAL_LLM_SERVER_ADDRS``. ``gpu_offset``: first GPU (after the servers') when the
+    launcher hands out GPUs; None leaves CUDA_VISIBLE_DEVICES as inherited."""
+    environ = os.environ if environ is None else environ
+    lc = launcher_config(config)
+    cmd = [*torchrun_prefix(), "--nnodes", "1", "--nproc-per-node", str(lc.trainer_nproc),
+           "--master-addr", "127.0.0.1", "--master-port", str(master_port),
+           "-m", entry_module(config), str(config_path), *overrides]
+    env = {"OMP_NUM_THREADS": str(lc.trainer_threads), "PYTHONUNBUFFERED": "1",
+           "TOKENIZERS_PARALLELISM": "false"}
+    if server_addrs:
+        env[ADDRS_ENV] = ",".join(server_addrs)
+    if gpu_offset is not None:
+        env["CUDA_VISIBLE_DEVICES"] = _device_ids(gpu_offset, lc.trainer_nproc, environ)
+    return ProcSpec("trainer", cmd, env)
+
+
+def uses_servers(config: BaseExperimentConfig) -> bool:
+    return isinstance(config, GRPOConfig)
+
+
+def trainer_gpu_offset(config: BaseExperimentConfig, n_servers_started: int) -> int | None:
+    """GPUs go to servers first, then to the trainer, when the launcher assigns GPUs at all."""
+    lc = launcher_config(config)
+    if lc.gpus_per_server and n_servers_started:
+        return n_servers_started * lc.gpus_per_server
+    return None
