@@ -1,0 +1,298 @@
+"""Reward functions run off the event loop: a shared pool of worker processes, each call under a
+timeout.
+
+A reward function has the signature ``reward_fn(prompt, completion, prompt_ids, completion_ids,
+**row) -> float`` and must be importable (a module-level function, a ``functools.partial`` of
+one, or an instance of a module-level class) because workers are started with ``spawn`` (the
+trainer runs torch threads, and ``fork`` after threads is unsafe).
+
+- A call that runs past its timeout kills its worker (a replacement is started) and gives 0.
+- A call that raises, returns a non-number or NaN, or whose worker dies gives 0.
+- Every such outcome is counted; ``reward_stats()`` returns the counters for the stats logger.
+- Per-function opt-out: a reward decorated with ``@inline_reward`` runs directly on the calling
+  thread (no process hop, no timeout). Use it only for cheap, pure-Python functions that cannot
+  hang (``workflows.rewards.toy.toy_reward`` is one); exceptions are still caught and counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import functools
+import logging
+import math
+import multiprocessing as mp
+import os
+import pickle
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+logger = logging.getLogger("workflows.reward_pool")
+
+# How long a fresh worker may take to import the reward's module (sympy, for example) before
+# its first call; this is not charged to the call's own timeout.
+LOAD_TIMEOUT = 120.0
+
+_COUNTER_NAMES = ("calls", "ok", "inline", "timeouts", "errors", "worker_crashes", "workers_started")
+_stats = dict.fromkeys(_COUNTER_NAMES, 0)
+_stats_lock = threading.Lock()
+
+
+def _count(name: str, n: int = 1) -> None:
+    with _stats_lock:
+        _stats[name] += n
+
+
+def reward_stats() -> dict[str, int]:
+    """Counters since start (or the last reset): calls, ok, inline, timeouts, errors,
+    worker_crashes, workers_started. ``timeouts + errors + worker_crashes`` calls scored 0."""
+    with _stats_lock:
+        return dict(_stats)
+
+
+def reset_reward_stats() -> None:
+    with _stats_lock:
+        for k in _stats:
+            _stats[k] = 0
+
+
+def inline_reward(fn: Callable) -> Callable:
+    """Mark ``fn`` to run on the caller's thread instead of the process pool (see above)."""
+    fn.arealite_inline = True
+    return fn
+
+
+def is_inline(fn: Callable) -> bool:
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return bool(getattr(fn, "arealite_inline", False))
+
+
+def check_reward_fn(fn: Any) -> None:
+    """Raise a clear ``TypeError`` for a reward the pool cannot run."""
+    if not callable(fn):
+        raise TypeError(f"reward_fn must be callable, got {type(fn).__name__}")
+    if not is_inline(fn):
+        try:
+            pickle.dumps(fn)
+        except Exception as e:  # noqa: BLE001 - any pickling failure means the same thing
+            raise TypeError(
+                f"reward_fn {fn!r} cannot be sent to reward worker processes ({e}); define it at "
+                "module level (lambdas and closures are not importable), or mark a cheap one "
+                "with @workflows.reward_pool.inline_reward"
+            ) from None
+
+
+def _to_reward(value: Any) -> float:
+    r = float(value)
+    if math.isnan(r):
+        raise ValueError("reward is NaN")
+    return r
+
+
+# --------------------------------------------------------------------------- worker side
+
+
+def _worker_main(conn) -> None:
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
+    fns: dict[bytes, Callable] = {}
+    while True:
+        try:
+            msg = conn.recv_bytes()
+        except (EOFError, OSError):
+            return  # the parent is gone
+        try:
+            op, key, body = pickle.loads(msg)
+            if op == "load":
+                if key not in fns:
+                    fns[key] = pickle.loads(body)
+                reply = ("ok", None)
+            else:
+                args, kwargs = body
+                reply = ("ok", _to_reward(fns[key](*args, **kwargs)))
+        except BaseException as e:  # noqa: BLE001 - report everything, keep serving
+            reply = ("err", f"{type(e).__name__}: {e}")
+        try:
+            conn.send(reply)
+        except (OSError, ValueError):
+            return
+
+
+class _Worker:
+    def __init__(self, ctx):
+        parent, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker_main, args=(child,), daemon=True,
+                                name="arealite-reward-worker")
+        self.proc.start()
+        child.close()
+        self.conn = parent
+        self.loaded: set[bytes] = set()
+        _count("workers_started")
+
+    def kill(self) -> None:
+        try:
+            self.proc.kill()
+            self.proc.join(timeout=5)
+        except Exception:  # noqa: BLE001 - best effort on a broken worker
+            pass
+        self.conn.close()
+
+    def request(self, msg: tuple, timeout: float) -> tuple[str, Any]:
+        """('ok'|'err', value) or ('timeout'|'crash', reason)."""
+        try:
+            self.conn.send_bytes(pickle.dumps(msg))
+            if not self.conn.poll(timeout):
+                return "timeout", f"no answer within {timeout:.1f}s"
+            return self.conn.recv()
+        except (EOFError, OSError, BrokenPipeError) as e:
+            return "crash", f"worker died ({type(e).__name__}; exit code {self.proc.exitcode})"
+
+
+# --------------------------------------------------------------------------- the pool
+
+
+class RewardPool:
+    """``n_workers`` processes; a call waits for a free one, then runs under its timeout."""
+
+    def __init__(self, n_workers: int = 2, start_method: str = "spawn"):
+        if n_workers < 1:
+            raise ValueError("n_workers must be >= 1")
+        if start_method == "fork":
+            raise ValueError("the 'fork' start method is unsafe with torch threads; use spawn or forkserver")
+        self.n_workers = n_workers
+        self._ctx = mp.get_context(start_method)
+        self._slots = threading.BoundedSemaphore(n_workers)
+        self._idle: list[_Worker] = []
+        self._lock = threading.Lock()
+        self._threads = ThreadPoolExecutor(max_workers=4 * n_workers, thread_name_prefix="reward")
+        self._pid = os.getpid()
+        self._closed = False
+
+    def _take(self) -> _Worker:
+        with self._lock:
+            while self._idle:
+                w = self._idle.pop()
+                if w.proc.is_alive():
+                    return w
+                _count("worker_crashes")
+                w.kill()
+        return _Worker(self._ctx)
+
+    def _give_back(self, w: _Worker) -> None:
+        with self._lock:
+            if self._closed:
+                w.kill()
+            else:
+                self._idle.append(w)
+
+    def call(self, fn: Callable, args: tuple, kwargs: dict, timeout: float) -> float:
+        """Blocking: the reward, or 0.0 on timeout / error / crash (each counted and logged)."""
+        if self._closed:
+            raise RuntimeError("the reward pool is shut down")
+        _count("calls")
+        try:
+            body = pickle.dumps(fn)
+        except Exception as e:  # noqa: BLE001
+            _count("errors")
+            logger.warning("reward %r is not picklable: %s; reward 0", fn, e)
+            return 0.0
+        key = body  # the pickled reference identifies the function in a worker's cache
+        with self._slots:
+            w = self._take()
+            if key not in w.loaded:
+                status, val = w.request(("load", key, body), LOAD_TIMEOUT)
+                if status == "ok":
+                    w.loaded.add(key)
+                else:
+                    return self._failed(w, status, val, fn)
+            t0 = time.monotonic()
+            status, val = w.request(("call", key, (args, kwargs)), timeout)
+            if status != "ok":
+                return self._failed(w, status, val, fn, time.monotonic() - t0)
+            self._give_back(w)
+            _count("ok")
+            return val
+
+    def _failed(self, w: _Worker, status: str, why: str, fn: Callable, dt: float = 0.0) -> float:
+        name = getattr(fn, "__name__", type(fn).__name__)
+        if status == "err":
+            self._give_back(w)  # the worker itself is fine
+            _count("errors")
+            logger.warning("reward %s raised %s; reward 0", name, why)
+        else:
+            w.kill()  # a hung worker is killed; a new one starts on demand
+            _count("timeouts" if status == "timeout" else "worker_crashes")
+            logger.warning("reward %s %s after %.1fs (%s); reward 0", name, status, dt, why)
+        return 0.0
+
+    async def acall(self, fn: Callable, *args: Any, timeout: float, **kwargs: Any) -> float:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._threads, self.call, fn, args, kwargs, timeout)
+
+    def shutdown(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for w in idle:
+            w.kill()
+        self._threads.shutdown(wait=False, cancel_futures=True)
+
+
+_pool: RewardPool | None = None
+_pool_lock = threading.Lock()
+
+
+def default_workers() -> int:
+    return int(os.environ.get("AREALITE_REWARD_WORKERS", min(4, os.cpu_count() or 1)))
+
+
+def get_reward_pool() -> RewardPool:
+    """The process-wide pool, created on first use (rebuilt in a forked child)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None or _pool._pid != os.getpid() or _pool._closed:
+            start = os.environ.get("AREALITE_REWARD_START_METHOD", "spawn")
+            _pool = RewardPool(default_workers(), start)
+        return _pool
+
+
+def shutdown_reward_pool() -> None:
+    global _pool
+    with _pool_lock:
+        pool, _pool = _pool, None
+    if pool is not None and pool._pid == os.getpid():
+        pool.shutdown()
+
+
+atexit.register(shutdown_reward_pool)
+
+
+async def compute_reward(
+    fn: Callable, prompt: str, completion: str, prompt_ids: list[int],
+    completion_ids: list[int], row: dict[str, Any], timeout: float,
+) -> float:
+    """One reward: inline or through the shared pool; never raises for the function's faults."""
+    kwargs = {k: v for k, v in row.items() if k not in _RESERVED}
+    args = (prompt, completion, list(prompt_ids), list(completion_ids))
+    if is_inline(fn):
+        _count("calls")
+        _count("inline")
+        try:
+            r = _to_reward(fn(*args, **kwargs))
+        except Exception as e:  # noqa: BLE001 - a reward bug costs this sample, not the episode
+            _count("errors")
+            logger.warning("inline reward %s raised %s: %s; reward 0",
+                           getattr(fn, "__name__", fn), type(e).__name__, e)
+            return 0.0
+        _count("ok")
+        return r
+    return await get_reward_pool().acall(fn, *args, timeout=timeout, **kwargs)
+
+
+# Row keys that would collide with the positional arguments are not passed on.
+_RESERVED = frozenset({"prompt", "completion", "prompt_ids", "completion_ids"})

@@ -1,0 +1,133 @@
+"""RLVR: sample ``n_samples`` completions of one prompt, score each with a verifiable reward,
+return the group as one trajectory (contract: ``arealite.api.io_struct``)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from arealite.api.config import GenerationHyperparameters
+from arealite.api.engine_api import InferenceEngine
+from arealite.api.io_struct import ModelRequest, ModelResponse
+from arealite.api.workflow_api import RolloutWorkflow
+from arealite.utils.data import pad_sequences_to_tensors
+from workflows.dump import dump_samples
+from workflows.prompting import (
+    check_response,
+    encode_prompt,
+    sample_id,
+    with_stop_tokens,
+)
+from workflows.reward_pool import check_reward_fn, compute_reward
+
+
+class RLVRWorkflow(RolloutWorkflow):
+    """One prompt -> ``gconfig.n_samples`` scored samples (a GRPO group).
+
+    Args:
+        reward_fn: ``reward_fn(prompt, completion, prompt_ids, completion_ids, **row) -> float``;
+            runs in the shared reward pool (or inline when marked ``@inline_reward``).
+        gconfig: sampling settings; ``n_samples`` requests of one sample each run concurrently.
+        tokenizer: an HF tokenizer (chat template, decode).
+        reward_timeout: seconds per reward call before it scores 0 (and is counted).
+        apply_chat_template / system_prompt / template_kwargs: how rows become prompts
+            (``workflows.prompting.encode_prompt``); ``template_kwargs`` reach the template,
+            e.g. ``{"enable_thinking": False}``.
+        dump_dir: when set, append each sample's text and reward under
+            ``dump_dir/<version>/<id>.jsonl``.
+    """
+
+    def __init__(
+        self,
+        reward_fn: Callable[..., float],
+        gconfig: GenerationHyperparameters,
+        tokenizer: Any,
+        *,
+        reward_timeout: float = 15.0,
+        apply_chat_template: bool = True,
+        system_prompt: str | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+        dump_dir: str | None = None,
+    ):
+        check_reward_fn(reward_fn)
+        if not isinstance(gconfig, GenerationHyperparameters):
+            raise TypeError(f"gconfig must be GenerationHyperparameters, got {type(gconfig).__name__}")
+        if tokenizer is None:
+            raise ValueError("RLVRWorkflow needs a tokenizer")
+        if reward_timeout <= 0:
+            raise ValueError("reward_timeout must be > 0")
+        self.reward_fn = reward_fn
+        self.gconfig = gconfig
+        self.tokenizer = tokenizer
+        self.reward_timeout = float(reward_timeout)
+        self.apply_chat_template = apply_chat_template
+        self.system_prompt = system_prompt
+        self.template_kwargs = dict(template_kwargs or {})
+        self.dump_dir = dump_dir
+        self._sample_gconfig = with_stop_tokens(gconfig, tokenizer)
+
+    def encode(self, data: dict[str, Any]) -> tuple[list[int], str]:
+        return encode_prompt(
+            self.tokenizer, data, apply_chat_template=self.apply_chat_template,
+            system_prompt=self.system_prompt, template_kwargs=self.template_kwargs,
+        )
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    async def score(self, prompt: str, completion: str, prompt_ids: list[int],
+                    completion_ids: list[int], data: dict[str, Any]) -> float:
+        return await compute_reward(self.reward_fn, prompt, completion, prompt_ids,
+                                    completion_ids, data, self.reward_timeout)
+
+    async def arun_episode(
+        self, engine: InferenceEngine, data: dict[str, Any]
+    ) -> dict[str, torch.Tensor] | None:
+        prompt_ids, prompt_text = self.encode(data)
+        group = uuid.uuid4().hex
+        # One rid per sample: concurrent requests must not share a rid on a real SGLang server.
+        reqs = [
+            ModelRequest(rid=f"{group}-{i}", input_ids=list(prompt_ids),
+                         gconfig=self._sample_gconfig.model_copy(), metadata={"group": group})
+            for i in range(self.gconfig.n_samples)
+        ]
+        resps: list[ModelResponse] = await asyncio.gather(*(engine.agenerate(r) for r in reqs))
+        for req, resp in zip(reqs, resps):
+            check_response(resp, req.rid)
+        completions = [self.decode(r.output_tokens) for r in resps]
+        rewards = await asyncio.gather(*(
+            self.score(prompt_text, c, prompt_ids, r.output_tokens, data)
+            for c, r in zip(completions, resps)
+        ))
+        sid = sample_id(data)
+        rows = []
+        for resp, reward in zip(resps, rewards):
+            n_in, n_out = len(prompt_ids), len(resp.output_tokens)
+            row = {
+                "input_ids": list(prompt_ids) + list(resp.output_tokens),
+                "loss_mask": [0] * n_in + [1] * n_out,
+                "logprobs": [0.0] * n_in + [float(x) for x in resp.output_logprobs],
+                "versions": [-1] * n_in + [int(v) for v in resp.output_versions],
+                "rewards": float(reward),
+            }
+            if sid is not None:
+                row["sample_ids"] = sid
+            rows.append(row)
+        if self.dump_dir:
+            await self._dump(data, group, prompt_text, completions, resps, rewards)
+        return pad_sequences_to_tensors(rows)
+
+    async def _dump(self, data, group, prompt_text, completions, resps, rewards) -> None:
+        versions = [v for r in resps for v in r.output_versions]
+        version = max(versions) if versions else -1
+        qid = sample_id(data)
+        records = [
+            {"prompt": prompt_text, "completion": c, "reward": float(rw), "stop_reason": r.stop_reason,
+             "n_tokens": len(r.output_tokens)}
+            for c, r, rw in zip(completions, resps, rewards)
+        ]
+        await dump_samples(self.dump_dir, version, str(qid if qid is not None else group), records)
