@@ -1,0 +1,172 @@
+"""The FastAPI app of the embedded server: info and health routes, error shapes, wiring.
+
+``/health`` answers from the event loop without touching the model, so it stays fast while the
+engine thread generates or a weight sync runs (a real SGLang server runs a one-token probe
+there; that probe is ``/health_generate`` here, and it waits while paused as SGLang's does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from http import HTTPStatus
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from servers import control_routes, generate_route
+from servers.auth import ApiKeyMiddleware
+from servers.metrics import render_metrics
+from servers.request import SamplingParams
+from servers.sequence import Sequence
+from servers.state import ServerState
+
+logger = logging.getLogger(__name__)
+HEALTH_CHECK_TIMEOUT = 20.0
+VERSION = "0.5.23-arealite-embedded"
+
+
+def _error(message: str, status: int, type_: str) -> JSONResponse:
+    return JSONResponse(
+        {"object": "error", "message": message, "type": type_, "param": None, "code": status},
+        status_code=status,
+    )
+
+
+def create_app(state: ServerState) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        if not state.engine.alive():
+            state.engine.start()
+        yield
+        state.shutting_down = True
+        state.engine.shutdown()
+
+    app = FastAPI(title="arealite embedded server (SGLang HTTP protocol)", version=VERSION,
+                  lifespan=lifespan)
+    app.state.server = state
+    app.include_router(generate_route.router)
+    app.include_router(control_routes.router)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation(request: Request, exc: RequestValidationError):
+        # SGLang rewrites FastAPI's 422 into its 400 ErrorResponse.
+        message = str(exc)
+        errors = str(exc.errors())
+        if errors and errors != message:
+            message = f"{message} {errors}"
+        return _error(message, 400, HTTPStatus.BAD_REQUEST.phrase)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http(request: Request, exc: StarletteHTTPException):
+        return _error(str(exc.detail), exc.status_code, str(exc.status_code))
+
+    @app.exception_handler(Exception)
+    async def on_fault(request: Request, exc: Exception):
+        logger.exception("unhandled error on %s", request.url.path)
+        return _error("Internal server error", 500, "500")
+
+    @app.get("/health")
+    async def health() -> Response:
+        ok = state.engine.alive() and not state.shutting_down
+        return Response(status_code=200 if ok else 503)
+
+    @app.get("/ready")
+    async def ready() -> Response:
+        return Response(status_code=200 if state.engine.alive() else 503)
+
+    @app.get("/health_generate")
+    async def health_generate() -> Response:
+        if not state.engine.alive() or state.shutting_down:
+            return Response(status_code=503)
+        probe = Sequence(rid=f"HEALTH_CHECK_{id(object())}", prompt=[0], internal=True,
+                         params=SamplingParams(max_new_tokens=1, temperature=1.0, top_k=1))
+
+        async def run():
+            await state.wait_unpaused()
+            await generate_route.run_sequences(state, [probe], None)
+
+        try:
+            await asyncio.wait_for(run(), timeout=HEALTH_CHECK_TIMEOUT)
+        except asyncio.TimeoutError:
+            if probe.on_event is not None and not probe.finished:
+                state.engine.abort(probe.rid)
+            return Response(status_code=503)
+        return Response(status_code=200)
+
+    def model_info() -> dict:
+        cfg = state.runner.config
+        return {
+            "model_path": state.model_path,
+            "served_model_name": state.args.served_model_name or state.model_path,
+            "tokenizer_path": state.args.tokenizer_path or state.args.model_path,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": state.engine.weight_version,
+            "load_format": state.args.load_format,
+            "reasoning_parser": None,
+            "tool_call_parser": None,
+            "disaggregation_mode": "null",
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
+            "model_type": getattr(cfg, "model_type", None),
+            "architectures": getattr(cfg, "architectures", None),
+        }
+
+    def server_info() -> dict:
+        runner, eng = state.runner, state.engine
+        info = state.args.resolved()
+        info.update({
+            "context_length": runner.context_len,
+            "max_running_requests": eng.max_running,
+            "launch_command": state.args.launch_command,
+            "status": "ready",
+            "max_total_num_tokens": eng.max_running * runner.context_len,
+            "max_req_input_len": runner.context_len - 1,
+            "max_context_length": runner.context_len,
+            "startup_time": state.startup_time,
+            "kv_events": None,
+            "internal_states": [{
+                "last_gen_throughput": eng.gen_throughput(), **eng.load(), **eng.stats,
+                "paused": state.is_pause, "weight_version": eng.weight_version,
+            }],
+            "version": VERSION,
+            "frontend": "python",
+        })
+        return info
+
+    @app.get("/model_info")
+    async def get_model_info() -> dict:
+        return model_info()
+
+    @app.get("/get_model_info", deprecated=True)
+    async def get_model_info_old() -> dict:
+        logger.warning("Endpoint '/get_model_info' is deprecated; use '/model_info'.")
+        return model_info()
+
+    @app.get("/server_info")
+    async def get_server_info() -> dict:
+        return server_info()
+
+    @app.get("/get_server_info", deprecated=True)
+    async def get_server_info_old() -> dict:
+        logger.warning("Endpoint '/get_server_info' is deprecated; use '/server_info'.")
+        return server_info()
+
+    @app.get("/v1/loads")
+    async def loads() -> dict:
+        return {"loads": [{"dp_rank": 0, **state.engine.load()}]}
+
+    if state.args.enable_metrics:  # SGLang serves /metrics only with --enable-metrics
+
+        @app.get("/metrics")
+        async def metrics() -> Response:
+            return PlainTextResponse(render_metrics(state), media_type="text/plain; version=0.0.4")
+
+    if state.args.api_key or state.args.admin_api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=state.args.api_key,
+                           admin_api_key=state.args.admin_api_key)
+    return app

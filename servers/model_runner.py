@@ -1,0 +1,157 @@
+"""Load a transformers causal LM and run batched forwards over the slot KV cache.
+
+The runner knows nothing of requests: the scheduler gives it rows, the tokens to append to
+each row, and where each row's tokens start; it returns final hidden states, and turns chosen
+hidden states into float32 logits. Device and dtype are configuration (``cpu``/``cuda``,
+``float32``/``bfloat16``), never separate code paths.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from servers.kv_cache import SlotKVCache, causal_slot_mask
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {
+    "auto": None,
+    "half": torch.float16,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float": torch.float32,
+    "float32": torch.float32,
+}
+
+
+def resolve_dtype(name: str, config_dtype: torch.dtype | str | None) -> torch.dtype:
+    """SGLang's ``--dtype`` values; ``auto`` takes the checkpoint's dtype (float32 if unknown)."""
+    if name not in _DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; expected one of {sorted(_DTYPES)}")
+    if _DTYPES[name] is not None:
+        return _DTYPES[name]
+    if isinstance(config_dtype, torch.dtype):
+        return config_dtype
+    if isinstance(config_dtype, str) and isinstance(getattr(torch, config_dtype, None), torch.dtype):
+        return getattr(torch, config_dtype)
+    return torch.float32
+
+
+class ModelRunner:
+    """Owns the model, its tokenizer and the KV cache."""
+
+    def __init__(
+        self,
+        model_path: str,
+        dtype: str = "auto",
+        device: str = "cpu",
+        context_length: int | None = None,
+        tokenizer_path: str | None = None,
+        skip_tokenizer_init: bool = False,
+    ) -> None:
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+        self.model_path = str(model_path)
+        if not Path(self.model_path).is_dir():
+            raise FileNotFoundError(f"--model-path {self.model_path!r} is not a directory")
+        self.device = torch.device(device)
+        config = AutoConfig.from_pretrained(self.model_path)
+        self.dtype = resolve_dtype(dtype, getattr(config, "dtype", None) or getattr(config, "torch_dtype", None))
+        self.model = AutoModelForCausalLM.from_pretrained(
+            self.model_path, dtype=self.dtype, attn_implementation="sdpa"
+        ).to(self.device)
+        self.model.eval()
+        self.model.requires_grad_(False)
+        self.config = self.model.config
+        self.tokenizer = None
+        if not skip_tokenizer_init:
+            self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path or self.model_path)
+        self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
+        model_ctx = int(getattr(self.config, "max_position_embeddings", 2048) or 2048)
+        self.context_len = int(context_length or model_ctx)
+        self.eos_token_ids = self._eos_ids()
+        text_cfg = self.config.get_text_config() if hasattr(self.config, "get_text_config") else self.config
+        n_heads = text_cfg.num_attention_heads
+        head_dim = getattr(text_cfg, "head_dim", None) or text_cfg.hidden_size // n_heads
+        self.cache = SlotKVCache(
+            num_layers=text_cfg.num_hidden_layers,
+            kv_heads=getattr(text_cfg, "num_key_value_heads", None) or n_heads,
+            head_dim=head_dim,
+            dtype=self.dtype,
+            device=self.device,
+            # Room for a padded prefill on top of the longest allowed sequence.
+            max_len=2 * self.context_len + 8,
+        )
+        self.softcap = getattr(text_cfg, "final_logit_softcapping", None)
+        self.decoder = self.model.base_model
+        self.lm_head = self.model.get_output_embeddings()
+        # Llama-style decoders (Llama, Qwen2, Mistral, ...) with only full-attention layers can be
+        # driven layer by layer; anything else goes through the decoder's own forward.
+        layer_types = set(getattr(text_cfg, "layer_types", None) or ["full_attention"])
+        self._lean = layer_types == {"full_attention"} and all(
+            hasattr(self.decoder, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb")
+        )
+
+    def _eos_ids(self) -> set[int]:
+        ids: set[int] = set()
+        for src in (getattr(self.model, "generation_config", None), self.config):
+            eos = getattr(src, "eos_token_id", None) if src is not None else None
+            if isinstance(eos, int):
+                ids.add(eos)
+            elif isinstance(eos, (list, tuple)):
+                ids.update(int(e) for e in eos)
+        if not ids and self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        return ids
+
+    @torch.inference_mode()
+    def forward(self, r0: int, tokens: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
+        """Append ``tokens [B, T]`` to rows ``[r0, r0+B)`` whose new tokens start at ``starts``.
+
+        Returns the last hidden states ``[B, T, H]``. Rows shorter than T are right-padded by the
+        caller; their padded positions are written past the row's real tokens and overwritten
+        later, and the mask keeps every real query from seeing them.
+        """
+        b, t = tokens.shape
+        positions = starts.view(-1, 1) + torch.arange(t, device=self.device).view(1, -1)
+        kv_len = int(starts.max().item()) + t
+        self.cache.ensure(r0 + b, kv_len)
+        self.cache.bind(r0, r0 + b, positions, kv_len)
+        mask = causal_slot_mask(positions, kv_len)
+        if self._lean:
+            return self._lean_forward(tokens, positions, mask)
+        out = self.decoder(
+            input_ids=tokens,
+            position_ids=positions,
+            attention_mask=mask,
+            past_key_values=self.cache,
+            use_cache=False,
+        )
+        return out.last_hidden_state
+
+    def _lean_forward(self, tokens, positions, mask) -> torch.Tensor:
+        """The decoder's own modules, called without its output-capturing wrappers.
+
+        Same modules and maths as ``decoder(...)`` (a test checks equality); it skips per-call
+        bookkeeping that costs as much as the compute for small models.
+        """
+        dec = self.decoder
+        hidden = dec.embed_tokens(tokens)
+        pos_emb = dec.rotary_emb(hidden, positions)
+        for layer in dec.layers:
+            hidden = layer(hidden, attention_mask=mask, position_embeddings=pos_emb,
+                           position_ids=positions, past_key_values=self.cache, use_cache=False)
+            if isinstance(hidden, tuple):
+                hidden = hidden[0]
+        return dec.norm(hidden)
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 logits for hidden states ``[..., H]``."""
+        logits = self.lm_head(hidden).float()
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits

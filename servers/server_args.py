@@ -1,0 +1,106 @@
+"""Launch flags of the embedded server, spelled as ``python -m sglang.launch_server`` spells them."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from dataclasses import dataclass
+
+
+@dataclass
+class ServerArgs:
+    model_path: str
+    tokenizer_path: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 30000
+    dtype: str = "auto"
+    device: str = "cpu"
+    random_seed: int | None = None
+    weight_version: str = "default"
+    context_length: int | None = None
+    max_running_requests: int | None = None
+    max_prefill_tokens: int = 16384
+    api_key: str | None = None
+    admin_api_key: str | None = None
+    enable_metrics: bool = False
+    log_level: str = "info"
+    served_model_name: str | None = None
+    skip_tokenizer_init: bool = False
+    num_threads: int = 1
+    tp_size: int = 1
+    dp_size: int = 1
+    load_format: str = "auto"
+    incremental_streaming_output: bool = False
+    weight_group_timeout: float = 1800.0
+    launch_command: str = ""
+
+    def resolved(self) -> dict:
+        """The flat dict ``/server_info`` reports (SGLang reports every resolved arg)."""
+        d = dataclasses.asdict(self)
+        d["api_key"] = None if self.api_key is None else "<redacted>"
+        d["admin_api_key"] = None if self.admin_api_key is None else "<redacted>"
+        d["served_model_name"] = self.served_model_name or self.model_path
+        d["tokenizer_path"] = self.tokenizer_path or self.model_path
+        d["disaggregation_mode"] = "null"
+        return d
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m servers.launch_server",
+        description="Embedded inference server speaking SGLang's HTTP protocol (CPU or GPU).",
+    )
+    p.add_argument("--model-path", "--model", dest="model_path", required=True,
+                   help="HF model directory (config, weights, tokenizer)")
+    p.add_argument("--tokenizer-path", default=None)
+    p.add_argument("--host", default="127.0.0.1", help="bind address (loopback by default)")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--dtype", default="auto",
+                   choices=["auto", "half", "float16", "bfloat16", "float", "float32"])
+    p.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1, ...")
+    p.add_argument("--random-seed", type=int, default=None)
+    p.add_argument("--weight-version", default="default", help="initial weight_version")
+    p.add_argument("--context-length", type=int, default=None,
+                   help="max prompt + output tokens (default: the model's max positions)")
+    p.add_argument("--max-running-requests", type=int, default=None)
+    p.add_argument("--max-prefill-tokens", type=int, default=16384,
+                   help="padded prompt tokens admitted into one prefill forward")
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--admin-api-key", default=None)
+    p.add_argument("--enable-metrics", action="store_true")
+    p.add_argument("--log-level", default="info",
+                   choices=["debug", "info", "warning", "error", "critical"])
+    p.add_argument("--served-model-name", default=None)
+    p.add_argument("--skip-tokenizer-init", action="store_true")
+    p.add_argument("--num-threads", type=int, default=None,
+                   help="torch intra-op threads (default: $OMP_NUM_THREADS or 1)")
+    p.add_argument("--tp-size", "--tensor-parallel-size", dest="tp_size", type=int, default=1)
+    p.add_argument("--dp-size", type=int, default=1)
+    p.add_argument("--load-format", default="auto")
+    p.add_argument("--incremental-streaming-output", action="store_true")
+    p.add_argument("--weight-group-timeout", type=float, default=1800.0,
+                   help="seconds a weight-update group waits on a rendezvous or broadcast")
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> ServerArgs:
+    import os
+
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    if ns.tp_size != 1 or ns.dp_size != 1:
+        parser.error("the embedded server runs one model replica: --tp-size and --dp-size must be 1")
+    if ns.num_threads is None:
+        ns.num_threads = int(os.environ.get("OMP_NUM_THREADS", "1") or 1)
+    if ns.num_threads < 1:
+        parser.error("--num-threads must be >= 1")
+    if not 1 <= ns.port <= 65535:
+        parser.error("--port must be in [1, 65535]")
+    for name in ("context_length", "max_running_requests"):
+        v = getattr(ns, name)
+        if v is not None and v < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    args = ServerArgs(**vars(ns))
+    args.launch_command = " ".join([sys.executable, "-m", "servers.launch_server", *(argv or sys.argv[1:])])
+    return args
