@@ -45,7 +45,12 @@ class ModelRequest:
             raise ValueError("ModelRequest.rid must be a non-empty string")
         if not self.input_ids:
             raise ValueError(f"ModelRequest {self.rid}: input_ids is empty")
-        if any((not isinstance(t, int)) or isinstance(t, bool) or t < 0 for t in self.input_ids):
+        ids = self.input_ids
+        # Fast path first (this runs once per generate call): plain ints, checked in C.
+        plain = isinstance(ids, list) and set(map(type, ids)) == {int}
+        if not plain and any((not isinstance(t, int)) or isinstance(t, bool) for t in ids):
+            raise ValueError(f"ModelRequest {self.rid}: input_ids must be non-negative ints")
+        if min(ids) < 0:
             raise ValueError(f"ModelRequest {self.rid}: input_ids must be non-negative ints")
         if not isinstance(self.gconfig, GenerationHyperparameters):
             raise ValueError(f"ModelRequest {self.rid}: gconfig must be GenerationHyperparameters")
@@ -123,6 +128,14 @@ class WeightUpdateMeta:
     ``disk``: the trainer writes an HF directory at ``path`` and the servers load it.
     ``distributed``: the trainer (rank 0) broadcasts over a group it builds exactly as SGLang
     does (``master_address:master_port``, ``group_name``), in buckets of ``bucket_size_mb``.
+
+    ``param_specs`` (distributed): the buckets, in broadcast order; the trainer fills them with
+    ``engine.get_param_specs(bucket_size_mb)`` before either side starts. ``world_size``
+    (distributed): ranks in the weight-update group, ``1 + Σ tp_size`` over the servers (the
+    trainer is rank 0). The client's ``update_weights(meta)`` sets it from ``/server_info`` when
+    it is None; the trainer's ``upload_weights(meta)`` waits (up to ``timeout``) until it is set.
+    ``backend`` (distributed): ``gloo``/``nccl`` for that group; None lets each side pick from
+    its device (nccl on CUDA, gloo otherwise), so set it when trainer and servers differ.
     """
 
     type: WeightUpdateType | str = WeightUpdateType.DISK
@@ -134,6 +147,8 @@ class WeightUpdateMeta:
     bucket_size_mb: float = 64.0
     timeout: float = 600.0
     param_specs: list[list[ParamSpec]] = field(default_factory=list)  # one list per bucket
+    world_size: int | None = None  # 1 + Σ tp_size (trainer = rank 0); set by the client
+    backend: str | None = None  # weight-update group backend; None: per-device default
 
     def __post_init__(self) -> None:
         self.type = WeightUpdateType(self.type)

@@ -1,0 +1,2 @@
+"""Rollout machinery: the workflow executor, the staleness gate, the server pool's routing and
+health, the /generate wire mapping, and weight-update orchestration."""

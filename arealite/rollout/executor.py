@@ -1,0 +1,436 @@
+"""``WorkflowExecutor``: many ``arun_episode`` calls at once on a background event loop,
+admitted by the staleness gate, with bounded queues and counters.
+
+Threads: the trainer thread calls ``submit``/``wait``/``prepare_batch``; one daemon thread runs
+an asyncio loop (uvloop when installed) that launches episodes and hosts the engine's own
+coroutines (weight updates, health probes) through ``run_coroutine``.
+
+Backpressure (both bounds are ``config.queue_size``, by default (η+2)·B + M per rank, at
+least 16):
+- input: ``submit`` blocks while the input queue is full, up to its ``timeout``, then raises
+  ``RolloutQueueFull``; ``prepare_batch`` only pulls from the dataloader when a whole batch fits.
+- output: no episode starts while finished-but-unconsumed trajectories plus running episodes
+  fill the output bound; the gate is then closed until the trainer consumes.
+
+What ``wait`` returns: the trajectories the workflow returned, concatenated with
+``concat_padded_tensors``, in completion order; nothing is added. Trajectories that started
+more than η versions before the current version are dropped at consumption (counted as
+``stale`` and ``rejected``), so none is trained on later than invariant 1 allows.
+
+Every blocking call is time-boxed (default ``config.request_timeout``) and raises with the
+counters in its message; trajectories collected by a call that times out go back to the queue.
+A wait also gives up early (``RolloutFailing``, with the last error) once max(16, 4·B) episodes
+in a row have failed, e.g. when no server answers. A workflow's exception is counted as
+``failed`` and logged with its traceback; the loop goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from arealite.api.config import InferenceEngineConfig
+from arealite.api.io_struct import RolloutStat
+from arealite.api.workflow_api import RolloutWorkflow
+from arealite.rollout.data_cycle import DataCycle
+from arealite.rollout.loop_thread import LoopThread
+from arealite.rollout.staleness import StalenessManager
+from arealite.utils.data import concat_padded_tensors
+
+logger = logging.getLogger("arealite.rollout.executor")
+
+TensorDict = dict[str, torch.Tensor]
+
+
+class RolloutQueueFull(RuntimeError):
+    pass
+
+
+class RolloutTimeout(TimeoutError):
+    pass
+
+
+class RolloutFailing(RuntimeError):
+    """Every recent episode failed (e.g. no server answers): raised by waits instead of
+    waiting out their whole timeout."""
+
+
+@dataclass
+class _Pending:
+    data: Any
+    workflow: RolloutWorkflow
+    group: int | None  # rollout_batch's own episodes; None for the shared queue
+
+
+@dataclass
+class _Result:
+    traj: TensorDict
+    start_version: int
+    group: int | None
+
+
+def check_trajectory(traj: Any) -> None:
+    """A workflow's return value must be a dict of tensors sharing their leading dimension."""
+    if not isinstance(traj, dict) or not traj:
+        raise TypeError(f"arun_episode must return a non-empty dict of tensors or None, got {type(traj).__name__}")
+    sizes = set()
+    for k, v in traj.items():
+        if not isinstance(v, torch.Tensor) or v.dim() == 0:
+            raise TypeError(f"trajectory key {k!r} is not a tensor with a batch dimension")
+        sizes.add(v.shape[0])
+    if len(sizes) != 1:
+        raise ValueError(f"trajectory tensors disagree on the batch dimension: {sorted(sizes)}")
+
+
+class WorkflowExecutor:
+    def __init__(self, config: InferenceEngineConfig, engine: Any):
+        self.config = config
+        self.engine = engine  # passed to arun_episode
+        self.gate: StalenessManager | None = None
+        self.queue_size = 0
+        self.default_timeout = config.request_timeout
+        self._input: deque[_Pending] = deque()
+        self._results: deque[_Result] = deque()
+        self._group_done: dict[int, int] = {}
+        self._groups = itertools.count()
+        self._cond = threading.Condition()
+        self._paused = False
+        self._stale = 0
+        self._fail_streak = 0  # episodes failed in a row (reset by any episode that finishes)
+        self._last_failure = ""
+        self._lt = LoopThread("rollout-executor", on_exit=self._notify_all)
+        self._tasks: set[asyncio.Task] = set()
+        self._data = DataCycle()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def initialize(self, train_data_parallel_size: int = 1) -> None:
+        if self._lt.alive:
+            raise RuntimeError("the rollout executor is already running")
+        c = self.config
+        self.gate = StalenessManager.per_rank(
+            c.max_concurrent_rollouts, c.consumer_batch_size, c.max_head_offpolicyness,
+            train_data_parallel_size,
+        )
+        g = self.gate
+        self.queue_size = c.queue_size or max(16, (g.max_staleness + 2) * g.batch_size + g.max_concurrent)
+        self._lt.start(self._launch_ready)
+
+    def destroy(self, cleanup: Callable[[], Coroutine] | None = None, timeout: float = 10.0) -> None:
+        """Cancel running episodes, run ``cleanup`` (e.g. close HTTP sessions) on the loop, stop."""
+        if self._lt.alive:
+            self._lt.stop(self._shutdown(cleanup), timeout)
+
+    async def _shutdown(self, cleanup: Callable[[], Coroutine] | None) -> None:
+        self._paused = True  # launch nothing more
+        for t in list(self._tasks):
+            t.cancel()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=5)
+        if cleanup is not None:
+            await cleanup()
+
+    def _notify_all(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return self._lt.loop
+
+    @property
+    def running(self) -> bool:
+        return self._lt.alive
+
+    def run_coroutine(self, coro: Coroutine) -> concurrent.futures.Future:
+        """Run ``coro`` on the executor's loop; returns a thread-safe future."""
+        return self._lt.run(coro)
+
+    def _wake_loop(self) -> None:
+        self._lt.wake()
+
+    def _check_alive(self) -> None:
+        if self._lt.crash is not None:
+            raise RuntimeError(f"the rollout executor loop crashed: {self._lt.crash!r}")
+        if not self._lt.alive:
+            raise RuntimeError("the rollout executor is not running (initialize() it first)")
+
+    # ------------------------------------------------------------------ the loop side
+
+    def _launch_ready(self) -> None:
+        g = self.gate
+        while not self._paused and not self._lt.stopping:
+            with self._cond:
+                if not self._input:
+                    return
+                if len(self._results) + g.stat().running >= self.queue_size:
+                    return  # output backpressure: the trainer has to consume first
+                if not g.try_start():
+                    return
+                item = self._input.popleft()
+                start_version = g.version
+                self._cond.notify_all()  # room in the input queue
+            task = self.loop.create_task(self._run_episode(item, start_version))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _run_episode(self, item: _Pending, start_version: int) -> None:
+        g = self.gate
+        try:
+            traj = await item.workflow.arun_episode(self.engine, item.data)
+            if traj is not None:
+                check_trajectory(traj)
+        except asyncio.CancelledError:
+            g.on_fail()
+            raise
+        except Exception as e:  # noqa: BLE001 - a workflow bug must not kill the loop
+            g.on_fail()
+            self._fail_streak += 1
+            self._last_failure = f"{type(e).__name__}: {e}"
+            logger.exception("workflow %s failed on one episode", type(item.workflow).__name__)
+            self._finish_group(item.group)
+        else:
+            self._fail_streak = 0
+            with self._cond:
+                if traj is None:
+                    g.on_reject()
+                else:
+                    self._results.append(_Result(traj, start_version, item.group))
+                    g.on_accept()
+                self._finish_group_locked(item.group)
+                self._cond.notify_all()
+        finally:
+            self._lt.wake_here()
+
+    def _finish_group(self, group: int | None) -> None:
+        with self._cond:
+            self._finish_group_locked(group)
+            self._cond.notify_all()
+
+    def _finish_group_locked(self, group: int | None) -> None:
+        if group is not None and group in self._group_done:
+            self._group_done[group] += 1
+
+    # ------------------------------------------------------------------ the trainer side
+
+    def submit(
+        self, data: Any, workflow: RolloutWorkflow, timeout: float | None = None,
+        _group: int | None = None,
+    ) -> None:
+        """Queue one episode; blocks while the input queue is full (up to ``timeout``)."""
+        if not isinstance(workflow, RolloutWorkflow):
+            raise TypeError(f"workflow must be a RolloutWorkflow, got {type(workflow).__name__}")
+        self._check_alive()
+        deadline = time.monotonic() + (self.default_timeout if timeout is None else timeout)
+        with self._cond:
+            while len(self._input) >= self.queue_size:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise RolloutQueueFull(
+                        f"rollout input queue full ({self.queue_size} pending); consume results "
+                        f"or raise queue_size. {self._describe()}"
+                    )
+                self._cond.wait(min(left, 1.0))
+            self._input.append(_Pending(data, workflow, _group))
+            self.gate.on_submit()
+        self._wake_loop()
+
+    def wait(
+        self,
+        count: int,
+        timeout: float | None = None,
+        should_accept: Callable[[TensorDict], bool] | None = None,
+    ) -> TensorDict:
+        """Block until ``count`` trajectories pass ``should_accept`` (and the staleness check)."""
+        out = self._collect(count, timeout, should_accept, group=None, raise_on_timeout=True)
+        return concat_padded_tensors([r.traj for r in out])
+
+    def rollout_batch(
+        self,
+        data: list[Any],
+        workflow: RolloutWorkflow,
+        should_accept: Callable[[TensorDict], bool] | None = None,
+        timeout: float | None = None,
+    ) -> TensorDict:
+        """Synchronous: run one episode per item and return the accepted trajectories once
+        every episode has finished (rejected or failed ones are counted, not waited for)."""
+        if not data:
+            raise ValueError("rollout_batch needs at least one item")
+        deadline = time.monotonic() + (self.default_timeout if timeout is None else timeout)
+        group = next(self._groups)
+        with self._cond:
+            self._group_done[group] = 0
+        try:
+            for item in data:
+                self.submit(item, workflow, timeout=max(0.0, deadline - time.monotonic()), _group=group)
+            with self._cond:
+                while self._group_done[group] < len(data):
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise RolloutTimeout(
+                            f"rollout_batch: {self._group_done[group]}/{len(data)} episodes "
+                            f"finished before the timeout. {self._describe()}"
+                        )
+                    self._check_alive()
+                    self._cond.wait(min(left, 1.0))
+            out = self._collect(None, 0, should_accept, group=group, raise_on_timeout=False)
+        finally:
+            with self._cond:
+                self._group_done.pop(group, None)
+        if not out:
+            raise RuntimeError(f"rollout_batch: no episode was accepted. {self._describe()}")
+        return concat_padded_tensors([r.traj for r in out])
+
+    def prepare_batch(
+        self,
+        dataloader: Any,
+        workflow: RolloutWorkflow,
+        should_accept: Callable[[TensorDict], bool] | None = None,
+        timeout: float | None = None,
+    ) -> TensorDict:
+        """Asynchronous: keep the input queue topped up from ``dataloader`` (what the gate admits
+        now plus one batch behind it, so episodes start the moment the version moves) and
+        return the next B accepted trajectories."""
+        self._check_alive()
+        b = self.gate.batch_size
+        deadline = time.monotonic() + (self.default_timeout if timeout is None else timeout)
+        while True:
+            self._top_up(dataloader, workflow)
+            left = deadline - time.monotonic()
+            out = self._collect(b, min(0.5, max(left, 0.0)), should_accept, None, raise_on_timeout=False)
+            if out is not None:
+                return concat_padded_tensors([r.traj for r in out])
+            if time.monotonic() >= deadline:
+                raise RolloutTimeout(f"prepare_batch: no batch of {b} within the timeout. {self._describe()}")
+
+    def _top_up(self, dataloader: Any, workflow: RolloutWorkflow) -> None:
+        loader_bs = getattr(dataloader, "batch_size", None) or self.gate.batch_size
+        while True:
+            with self._cond:
+                pending = len(self._input)
+            # what the gate would start now, plus one batch waiting behind it
+            target = max(self.gate.capacity(), 0) + self.gate.batch_size
+            if pending >= target or pending + loader_bs > self.queue_size:
+                return
+            for row in self._data.next_rows(dataloader):
+                self.submit(row, workflow)
+
+    def _collect(
+        self,
+        count: int | None,
+        timeout: float | None,
+        should_accept: Callable[[TensorDict], bool] | None,
+        group: int | None,
+        raise_on_timeout: bool,
+    ) -> list[_Result] | None:
+        """Take ``count`` results of ``group`` (all of them when ``count`` is None) that pass the
+        checks. On timeout, puts back what it took and raises or returns None."""
+        deadline = time.monotonic() + (self.default_timeout if timeout is None else timeout)
+        kept: list[_Result] = []
+        while count is None or len(kept) < count:
+            with self._cond:
+                taken = self._take_locked(group, None if count is None else count - len(kept))
+                if not taken:
+                    left = deadline - time.monotonic()
+                    if count is None or left <= 0:
+                        if count is None:
+                            break
+                        self._results.extendleft(reversed(kept))
+                        if not raise_on_timeout:
+                            return None
+                        raise RolloutTimeout(
+                            f"wait: {len(kept)}/{count} trajectories after {timeout} s. "
+                            f"{self._describe()}"
+                        )
+                    self._check_alive()
+                    self._check_failing(kept)
+                    self._cond.wait(min(left, 1.0))
+                    continue
+            dropped = 0
+            for r in taken:  # user code runs outside the lock
+                if self.gate.is_stale(r.start_version):
+                    self._stale += 1
+                    dropped += 1
+                    logger.info("dropped a trajectory started at version %d (stale)", r.start_version)
+                elif should_accept is not None and not should_accept(r.traj):
+                    dropped += 1
+                else:
+                    kept.append(r)
+            for _ in range(dropped):
+                self.gate.on_drop_accepted()
+            self._wake_loop()  # room in the output bound (and in the budget, if dropped)
+        return kept
+
+    def _check_failing(self, kept: list[_Result]) -> None:
+        """Raise when the last max(16, 4·B) episodes all failed (call under ``_cond``)."""
+        limit = max(16, 4 * self.gate.batch_size)
+        if self._fail_streak >= limit:
+            self._fail_streak = 0  # the next wait gets a fresh chance
+            self._results.extendleft(reversed(kept))
+            raise RolloutFailing(
+                f"the last {limit} episodes failed; last error: {self._last_failure}. "
+                f"{self._describe()}"
+            )
+
+    def _take_locked(self, group: int | None, n: int | None) -> list[_Result]:
+        taken, rest = [], deque()
+        while self._results and (n is None or len(taken) < n):
+            r = self._results.popleft()
+            (taken if r.group == group else rest).append(r)
+        rest.extend(self._results)
+        self._results = rest
+        return taken
+
+    # ------------------------------------------------------------------ control and counters
+
+    def pause(self) -> None:
+        """Stop launching new episodes; running ones continue."""
+        self._paused = True
+
+    def resume(self) -> None:
+        self._paused = False
+        self._wake_loop()
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    def set_version(self, version: int) -> None:
+        self.gate.set_version(version)
+        self._wake_loop()
+
+    def get_version(self) -> int:
+        return self.gate.version
+
+    def on_version_recovered(self, version: int) -> None:
+        """Restart at ``version``: restore the gate's counters (see ``StalenessManager``)."""
+        self.gate.on_version_recovered(version)
+        self._wake_loop()
+
+    def stat(self) -> RolloutStat:
+        return self.gate.stat()
+
+    def counters(self) -> dict[str, int]:
+        s = self.gate.stat()
+        with self._cond:
+            pending, ready = len(self._input), len(self._results)
+        return {
+            "submitted": s.submitted, "running": s.running, "accepted": s.accepted,
+            "rejected": s.rejected, "failed": s.failed, "stale": self._stale,
+            "pending": pending, "ready": ready, "capacity": self.gate.capacity(),
+            "version": self.gate.version,
+        }
+
+    def _describe(self) -> str:
+        c = self.counters() if self.gate is not None else {}
+        return "counters: " + ", ".join(f"{k}={v}" for k, v in c.items())

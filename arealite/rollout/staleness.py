@@ -1,0 +1,131 @@
+"""The staleness gate (ARCHITECTURE invariant 1) and the rollout counters it reads.
+
+With η = ``max_head_offpolicyness``, B = consumer batch size *per data-parallel rank*, v = the
+current weight version and M = ``max_concurrent_rollouts`` per rank, a new episode may start
+only while ::
+
+    capacity = min(M - running, (η + v + 1)·B - (accepted + running)) > 0
+
+``accepted`` counts every trajectory accepted since version 0 (consumed or not); a rejected or
+failed episode never counts, so it frees its slot. The trainer consumes B trajectories per
+version, so an episode admitted at version v is (in order of admission) among the first
+(η + v + 1)·B and is trained on by version v + η. Completion order can differ from admission
+order, so the executor also drops, at consumption, any trajectory that started more than η
+versions ago (``is_stale``) - the gate keeps that rare, the check makes it a guarantee.
+
+Restart safety: a recovered run at version v has consumed v·B trajectories, so
+``on_version_recovered(v)`` restores ``accepted = v·B`` with nothing running. Without it, a
+fresh counter would admit (η + v + 1)·B episodes at once, all started at v.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import asdict
+
+from arealite.api.io_struct import RolloutStat
+
+
+class StalenessManager:
+    """Thread-safe counters plus the capacity formula; the executor calls ``on_*`` hooks."""
+
+    def __init__(self, max_concurrent: int, consumer_batch_size: int, max_staleness: int):
+        if max_concurrent < 1 or consumer_batch_size < 1 or max_staleness < 0:
+            raise ValueError(
+                f"bad staleness settings: max_concurrent={max_concurrent}, "
+                f"consumer_batch_size={consumer_batch_size}, max_staleness={max_staleness}"
+            )
+        self.max_concurrent = max_concurrent
+        self.batch_size = consumer_batch_size
+        self.max_staleness = max_staleness
+        self._version = 0
+        self._stat = RolloutStat()
+        self._lock = threading.Lock()
+
+    @classmethod
+    def per_rank(
+        cls, max_concurrent: int | None, consumer_batch_size: int, max_staleness: int, dp_size: int
+    ) -> StalenessManager:
+        """Split global settings over ``dp_size`` data-parallel ranks (each rank runs its own)."""
+        if dp_size < 1:
+            raise ValueError(f"data-parallel size must be >= 1, got {dp_size}")
+        b = max(1, consumer_batch_size // dp_size)
+        m = max(1, (max_concurrent or consumer_batch_size) // dp_size)
+        return cls(m, b, max_staleness)
+
+    # ------------------------------------------------------------------ queries
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def capacity(self) -> int:
+        """How many new episodes may start now (may be negative after a version rollback)."""
+        with self._lock:
+            return self._capacity_locked()
+
+    def _capacity_locked(self) -> int:
+        s = self._stat
+        concurrency = self.max_concurrent - s.running
+        staleness = (self.max_staleness + self._version + 1) * self.batch_size - (
+            s.accepted + s.running
+        )
+        return min(concurrency, staleness)
+
+    def stat(self) -> RolloutStat:
+        with self._lock:
+            return RolloutStat(**asdict(self._stat))
+
+    def is_stale(self, start_version: int, version: int | None = None) -> bool:
+        """True when a trajectory that started at ``start_version`` may no longer be trained on."""
+        v = self._version if version is None else version
+        return v - start_version > self.max_staleness
+
+    # ------------------------------------------------------------------ transitions
+
+    def set_version(self, version: int) -> None:
+        with self._lock:
+            self._version = int(version)
+
+    def on_version_recovered(self, version: int) -> None:
+        """After a restart at ``version``: v·B trajectories were consumed, nothing is running."""
+        with self._lock:
+            self._version = int(version)
+            consumed = self._version * self.batch_size
+            self._stat = RolloutStat(submitted=consumed, accepted=consumed)
+
+    def on_submit(self) -> None:
+        with self._lock:
+            self._stat.submitted += 1
+
+    def try_start(self) -> bool:
+        """Admit one episode if capacity allows (check and count atomically)."""
+        with self._lock:
+            if self._capacity_locked() <= 0:
+                return False
+            self._stat.running += 1
+            return True
+
+    def on_accept(self) -> None:
+        with self._lock:
+            self._stat.running -= 1
+            self._stat.accepted += 1
+
+    def on_reject(self) -> None:
+        """The workflow returned None: the slot is free again."""
+        with self._lock:
+            self._stat.running -= 1
+            self._stat.rejected += 1
+
+    def on_fail(self) -> None:
+        """The workflow raised: counted, slot freed."""
+        with self._lock:
+            self._stat.running -= 1
+            self._stat.failed += 1
+
+    def on_drop_accepted(self) -> None:
+        """A trajectory already counted as accepted was discarded at consumption (rejected by
+        ``should_accept`` or stale): it no longer holds a place in the budget."""
+        with self._lock:
+            self._stat.accepted -= 1
+            self._stat.rejected += 1

@@ -1,0 +1,323 @@
+"""Moving every server of the pool to new weights (protocol sections 4-6).
+
+Order: ``/pause_generation`` on all servers at once -> ``/begin_weight_update`` (404 = older
+server without sessions, tolerated) -> disk (``/update_weights_from_disk``) or distributed
+(``/init_weights_update_group`` once, then per bucket ``/update_weights_from_distributed`` on
+all servers at once while the trainer broadcasts as rank 0) -> ``/end_weight_update`` (404
+tolerated) -> ``/continue_generation``. Every call is time-boxed. A server that fails a step is
+dropped from the rest of the sequence and reported; ``continue_generation`` is sent to every
+server that was paused, whatever happened, so no server is left paused.
+
+Distributed layout: the trainer is rank 0; server k joins at
+``rank_offset = 1 + Σ_{j<k} tp_size_j`` and ``world_size = 1 + Σ tp_size`` (tp sizes from
+``/server_info``). The client publishes ``meta.world_size`` before pausing anything (the trainer waits for it);
+the group backend is ``meta.backend`` when set, else ``nccl`` when every server runs on CUDA and
+``gloo`` otherwise (``/server_info`` ``device``), written back to ``meta.backend``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from arealite.api.io_struct import WeightUpdateMeta, WeightUpdateType
+from arealite.utils.http import call_json, describe_error
+
+logger = logging.getLogger("arealite.rollout.weight_sync")
+
+
+class WeightUpdateError(RuntimeError):
+    """An update failed; ``report`` (when set) says which servers failed and why."""
+
+    report: WeightUpdateReport | None = None
+
+
+@dataclass
+class WeightUpdateReport:
+    version: int
+    updated: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)  # addr -> reason
+    seconds: float = 0.0
+
+
+@dataclass
+class GroupLayout:
+    world_size: int
+    rank_offsets: dict[str, int]
+    backend: str
+
+
+async def get_info(
+    session: aiohttp.ClientSession, addr: str, name: str, timeout: float
+) -> dict[str, Any]:
+    """``/server_info`` or ``/model_info``, falling back to the older ``/get_*`` spelling."""
+    last: BaseException | None = None
+    for path in (f"/{name}", f"/get_{name}"):
+        try:
+            res = await call_json(session, "GET", f"http://{addr}{path}", timeout=timeout)
+            if isinstance(res.body, dict):
+                return res.body
+        except Exception as e:  # noqa: BLE001 - try the other spelling, then report
+            last = e
+    raise WeightUpdateError(f"{addr}: no /{name}: {describe_error(last) if last else 'not a dict'}")
+
+
+async def group_layout(
+    session: aiohttp.ClientSession, addrs: list[str], timeout: float, backend: str | None = None
+) -> GroupLayout:
+    infos = await asyncio.gather(*(get_info(session, a, "server_info", timeout) for a in addrs))
+    offsets, nxt = {}, 1
+    for a, info in zip(addrs, infos):
+        offsets[a] = nxt
+        nxt += int(info.get("tp_size") or 1)
+    if backend is None:
+        devices = {str(info.get("device") or "cpu") for info in infos}
+        backend = "nccl" if devices == {"cuda"} else "gloo"
+    return GroupLayout(world_size=nxt, rank_offsets=offsets, backend=backend)
+
+
+class WeightSync:
+    """Runs one weight update at a time over a given list of servers."""
+
+    def __init__(self, pause_mode: str, step_timeout: float, poll_interval: float = 0.1):
+        self.pause_mode = pause_mode
+        self.step_timeout = step_timeout
+        self.poll_interval = poll_interval
+        self.group: tuple[str, int, str] | None = None  # (master_address, port, group_name)
+        self.layout: GroupLayout | None = None
+
+    async def fan_out(
+        self,
+        session: aiohttp.ClientSession,
+        addrs: Iterable[str],
+        path: str,
+        payload: dict[str, Any] | None,
+        failed: dict[str, str],
+        timeout: float,
+        tolerate_404: bool = False,
+    ) -> list[str]:
+        """POST to every server at once; returns those that succeeded, records the others."""
+        addrs = list(addrs)
+
+        async def one(a: str) -> str | None:
+            try:
+                await call_json(
+                    session, "POST", f"http://{a}{path}", payload, timeout,
+                    ok_statuses=(404,) if tolerate_404 else (),
+                )
+                return None
+            except Exception as e:  # noqa: BLE001 - transport, status or body: all reported
+                return f"{path}: {describe_error(e)}"
+
+        reasons = await asyncio.gather(*(one(a) for a in addrs))
+        ok = []
+        for a, r in zip(addrs, reasons):
+            if r is None:
+                ok.append(a)
+            else:
+                failed.setdefault(a, r)
+                logger.error("weight update: %s failed %s", a, r)
+        return ok
+
+    async def wait_disk_ready(self, meta: WeightUpdateMeta, timeout: float) -> None:
+        """Wait for the trainer's marker ``{"version": v}`` beside the saved HF files."""
+        marker = meta.disk_ready_marker
+        deadline = time.monotonic() + timeout
+        last = "missing"
+        while True:
+            try:
+                with open(marker) as f:
+                    got = json.load(f).get("version")
+                if got == meta.version:
+                    return
+                last = f"it holds version {got}"
+            except FileNotFoundError:
+                last = "missing"
+            except (ValueError, OSError, AttributeError) as e:  # partially written: retry
+                last = f"unreadable ({e})"
+            if time.monotonic() >= deadline:
+                raise WeightUpdateError(
+                    f"disk update to version {meta.version}: marker {marker} {last} after "
+                    f"{timeout:.0f} s (the trainer writes it after saving {meta.path})"
+                )
+            await asyncio.sleep(self.poll_interval)
+
+    async def run(
+        self, session: aiohttp.ClientSession, addrs: list[str], meta: WeightUpdateMeta,
+        on_pause: Callable[[bool], None] | None = None,
+    ) -> WeightUpdateReport:
+        """The whole sequence; returns which servers now hold ``meta.version``. Raises
+        ``WeightUpdateError`` (with ``.report``) when no server was updated or a distributed
+        transfer broke. ``on_pause(True)`` is called just before ``/pause_generation`` and
+        ``on_pause(False)`` after ``/continue_generation``."""
+        timeout = min(self.step_timeout, meta.timeout)
+        t0 = time.monotonic()
+        report = WeightUpdateReport(version=meta.version)
+        failed = report.failed
+        try:
+            if meta.type == WeightUpdateType.DISK:
+                await self.wait_disk_ready(meta, timeout)
+            else:
+                await self.prepare_group(session, addrs, meta, timeout)
+            if on_pause is not None:
+                on_pause(True)
+            paused: list[str] = []
+            begun: list[str] = []
+            try:
+                paused = await self.fan_out(
+                    session, addrs, "/pause_generation", {"mode": self.pause_mode}, failed, timeout
+                )
+                alive = await self._transfer(session, paused, meta, failed, timeout, begun)
+            finally:
+                ended = await self.fan_out(
+                    session, begun, "/end_weight_update", {}, failed, timeout, tolerate_404=True
+                )
+                # every paused server resumes, failed ones too: nothing may stay paused
+                await self.fan_out(session, paused, "/continue_generation", {}, {}, timeout)
+                if on_pause is not None:
+                    on_pause(False)
+            report.updated = [a for a in alive if a in ended and a not in failed]
+            if not report.updated:
+                raise WeightUpdateError(
+                    f"weight update to version {meta.version} failed on every server: "
+                    + "; ".join(f"{a}: {r}" for a, r in failed.items())
+                )
+        except WeightUpdateError as e:
+            e.report = report
+            raise
+        finally:
+            report.seconds = time.monotonic() - t0
+        return report
+
+    async def _transfer(self, session, paused, meta, failed, timeout, begun) -> list[str]:
+        alive = await self.fan_out(
+            session, paused, "/begin_weight_update", {}, failed, timeout, tolerate_404=True
+        )
+        begun.extend(alive)
+        if meta.type == WeightUpdateType.DISK:
+            return await self._disk(session, alive, meta, failed, timeout)
+        return await self._distributed(session, alive, meta, failed, timeout)
+
+    async def _disk(self, session, alive, meta, failed, timeout) -> list[str]:
+        payload = {
+            "model_path": meta.path,
+            "weight_version": str(meta.version),
+            # SGLang cannot flush while requests sit in the batch (in_place pause)
+            "flush_cache": self.pause_mode != "in_place",
+            "abort_all_requests": False,
+        }
+        return await self.fan_out(session, alive, "/update_weights_from_disk", payload, failed, timeout)
+
+    async def prepare_group(
+        self, session: aiohttp.ClientSession, addrs: list[str], meta: WeightUpdateMeta,
+        timeout: float,
+    ) -> None:
+        """Check a distributed meta and publish ``meta.world_size`` (and the backend) before
+        anything is paused: the trainer waits for ``world_size`` to join the group as rank 0."""
+        if not meta.param_specs:
+            raise WeightUpdateError("a distributed weight update needs meta.param_specs")
+        if meta.master_port is None:
+            raise WeightUpdateError("a distributed weight update needs meta.master_port")
+        key = (meta.master_address, int(meta.master_port), meta.group_name)
+        if self.group != key:
+            self.layout = await group_layout(session, addrs, timeout, meta.backend)
+        elif set(addrs) != set(self.layout.rank_offsets):
+            raise WeightUpdateError(
+                f"the weight-update group {meta.group_name} was built over "
+                f"{sorted(self.layout.rank_offsets)} but the healthy servers are {sorted(addrs)}; "
+                "a broadcast needs every member: start a new group (another master_port)"
+            )
+        if meta.world_size is not None and meta.world_size != self.layout.world_size:
+            raise WeightUpdateError(
+                f"meta.world_size={meta.world_size} but the servers need "
+                f"{self.layout.world_size} (1 + sum of tp_size)"
+            )
+        if meta.backend is None:
+            meta.backend = self.layout.backend
+        # Last: a trainer polling for world_size then finds the backend already set.
+        meta.world_size = self.layout.world_size
+
+    async def _distributed(self, session, alive, meta, failed, timeout) -> list[str]:
+        lay = self.layout
+        if set(alive) != set(lay.rank_offsets):
+            self.group = None
+            raise WeightUpdateError(
+                "servers dropped out before the broadcast: "
+                + "; ".join(f"{a}: {r}" for a, r in failed.items())
+            )
+        key = (meta.master_address, int(meta.master_port), meta.group_name)
+        if self.group != key:
+
+            async def init(a: str) -> str | None:
+                payload = {
+                    "master_address": meta.master_address, "master_port": int(meta.master_port),
+                    "rank_offset": lay.rank_offsets[a], "world_size": lay.world_size,
+                    "group_name": meta.group_name, "backend": meta.backend or lay.backend,
+                }
+                ok = await self.fan_out(
+                    session, [a], "/init_weights_update_group", payload, failed, timeout
+                )
+                return a if ok else None
+
+            joined = [a for a in await asyncio.gather(*(init(a) for a in alive)) if a]
+            if len(joined) != len(alive):
+                raise WeightUpdateError(
+                    "init_weights_update_group failed: "
+                    + "; ".join(f"{a}: {r}" for a, r in failed.items())
+                )
+            self.group = key
+        n = len(meta.param_specs)
+        for i, bucket in enumerate(meta.param_specs):
+            last = i == n - 1
+            payload = {
+                "names": [p.name for p in bucket],
+                "dtypes": [str(p.dtype).removeprefix("torch.") for p in bucket],
+                "shapes": [list(p.shape) for p in bucket],
+                "group_name": meta.group_name,
+                "flush_cache": last and self.pause_mode != "in_place",
+                "abort_all_requests": False,
+                "weight_version": str(meta.version) if last else None,
+                "load_format": "flattened_bucket",
+            }
+            before = len(alive)
+            alive = await self.fan_out(
+                session, alive, "/update_weights_from_distributed", payload, failed, timeout
+            )
+            if len(alive) != before:
+                # a collective with a missing member cannot go on; the group is unusable
+                self.group = None
+                raise WeightUpdateError(
+                    f"bucket {i + 1}/{n} failed: "
+                    + "; ".join(f"{a}: {r}" for a, r in failed.items())
+                )
+        return alive
+
+    async def destroy_group(self, session: aiohttp.ClientSession, addrs: list[str]) -> None:
+        if self.group is None:
+            return
+        await self.fan_out(
+            session, addrs, "/destroy_weights_update_group", {"group_name": self.group[2]},
+            {}, min(10.0, self.step_timeout),
+        )
+        self.group = None
+
+
+def disk_marker_payload(version: int) -> str:
+    """What the trainer writes to ``meta.disk_ready_marker`` (for trainers and tests)."""
+    return json.dumps({"version": int(version)})
+
+
+def write_disk_marker(meta: WeightUpdateMeta) -> None:
+    """Atomically write the marker (write a temp file, then rename)."""
+    tmp = meta.disk_ready_marker + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(disk_marker_payload(meta.version))
+    os.replace(tmp, meta.disk_ready_marker)

@@ -1,0 +1,268 @@
+"""WorkflowExecutor with workflows that do not touch the network: the gate's exact queue
+sizes, counters, failures, backpressure, pause/resume, wait/rollout_batch/prepare_batch."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import pytest
+import torch
+
+from arealite.api.config import DatasetConfig, InferenceEngineConfig
+from arealite.api.workflow_api import RolloutWorkflow
+from arealite.dataset.loader import create_dataloader
+from arealite.rollout.executor import (
+    RolloutFailing,
+    RolloutQueueFull,
+    RolloutTimeout,
+    WorkflowExecutor,
+)
+
+
+class EchoWorkflow(RolloutWorkflow):
+    """One row per episode: ``input_ids`` of length 1 + id % 3 filled with the id."""
+
+    def __init__(self, delay: float = 0.0, reject=lambda d: False, fail=lambda d: False):
+        self.delay, self.reject, self.fail = delay, reject, fail
+        self.seen: list[int] = []
+
+    async def arun_episode(self, engine, data):
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        self.seen.append(data["id"])
+        if self.fail(data):
+            raise ZeroDivisionError(f"boom on {data['id']}")
+        if self.reject(data):
+            return None
+        n = 1 + data["id"] % 3
+        return {
+            "input_ids": torch.full((1, n), data["id"], dtype=torch.long),
+            "attention_mask": torch.ones(1, n, dtype=torch.bool),
+            "versions": torch.zeros(1, n, dtype=torch.long),
+            "rewards": torch.tensor([float(data["id"])]),
+        }
+
+
+def make(b=4, eta=0, m=None, queue_size=None, timeout=10.0) -> WorkflowExecutor:
+    cfg = InferenceEngineConfig(
+        consumer_batch_size=b, max_head_offpolicyness=eta, max_concurrent_rollouts=m,
+        queue_size=queue_size, request_timeout=timeout,
+    )
+    ex = WorkflowExecutor(cfg, engine=None)
+    ex.initialize()
+    return ex
+
+
+@pytest.fixture
+def executors():
+    made = []
+
+    def factory(**kw):
+        ex = make(**kw)
+        made.append(ex)
+        return ex
+
+    yield factory
+    for ex in made:
+        ex.destroy()
+
+
+def settle(ex: WorkflowExecutor, cond, timeout=5.0) -> dict:
+    """Poll the counters until ``cond(counters)`` holds and stays so for a moment."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        c = ex.counters()
+        if cond(c):
+            time.sleep(0.05)
+            c2 = ex.counters()
+            if cond(c2) and c2 == c:
+                return c
+        time.sleep(0.01)
+    raise AssertionError(f"counters never satisfied the condition: {ex.counters()}")
+
+
+@pytest.mark.parametrize("eta", [0, 1, 3])
+def test_gate_exact_queue_sizes(executors, eta):
+    b = 4
+    ex = executors(b=b, eta=eta, m=100)
+    wf = EchoWorkflow()
+    for i in range(2 * b):
+        ex.submit({"id": i}, wf)
+    c = settle(ex, lambda c: c["running"] == 0 and c["accepted"] == min(2 * b, b * (eta + 1)))
+    assert c["pending"] == 2 * b - c["accepted"]
+    ex.set_version(1)
+    for i in range(2 * b, 4 * b):
+        ex.submit({"id": i}, wf)
+    c = settle(ex, lambda c: c["running"] == 0 and c["accepted"] == min(4 * b, b * (eta + 2)))
+    assert c["pending"] == 4 * b - c["accepted"]
+    assert c["submitted"] == 4 * b
+
+
+def test_concurrency_bound(executors):
+    ex = executors(b=8, eta=4, m=3)
+    wf = EchoWorkflow(delay=0.2)
+    for i in range(8):
+        ex.submit({"id": i}, wf)
+    c = settle(ex, lambda c: c["running"] == 3, timeout=2)
+    assert c["pending"] == 5
+    out = ex.wait(8, timeout=10)
+    assert out["input_ids"].shape[0] == 8
+
+
+def test_wait_concatenates_pads_and_times_out_without_losing(executors):
+    ex = executors(b=3, eta=1)
+    wf = EchoWorkflow()
+    for i in range(3):
+        ex.submit({"id": i}, wf)
+    with pytest.raises(RolloutTimeout, match="accepted=3"):
+        ex.wait(4, timeout=0.5)
+    out = ex.wait(3, timeout=5)  # the three taken by the timed-out call came back
+    assert set(out) == {"input_ids", "attention_mask", "versions", "rewards"}
+    assert out["input_ids"].shape == (3, 3)
+    assert sorted(out["rewards"].tolist()) == [0.0, 1.0, 2.0]
+    row0 = out["rewards"].tolist().index(0.0)
+    assert out["versions"][row0].tolist() == [0, -1, -1]  # versions pad with -1
+    assert out["attention_mask"][row0].tolist() == [True, False, False]
+
+
+def test_workflow_exception_is_counted_logged_and_loop_survives(executors, caplog):
+    ex = executors(b=2, eta=2)
+    wf = EchoWorkflow(fail=lambda d: d["id"] == 1)
+    with caplog.at_level(logging.ERROR, logger="arealite.rollout.executor"):
+        for i in range(3):
+            ex.submit({"id": i}, wf)
+        out = ex.wait(2, timeout=5)
+        settle(ex, lambda c: c["failed"] == 1)
+    assert sorted(out["rewards"].tolist()) == [0.0, 2.0]
+    assert "ZeroDivisionError: boom on 1" in caplog.text and "Traceback" in caplog.text
+    ex.submit({"id": 5}, EchoWorkflow())  # the loop still runs
+    assert ex.wait(1, timeout=5)["rewards"].tolist() == [5.0]
+
+
+def test_bad_trajectory_counts_as_failure(executors):
+    class Bad(RolloutWorkflow):
+        async def arun_episode(self, engine, data):
+            return {"x": torch.zeros(2, 3), "y": torch.zeros(3)}
+
+    ex = executors(b=1, eta=1)
+    ex.submit({"id": 0}, Bad())
+    settle(ex, lambda c: c["failed"] == 1)
+    with pytest.raises(TypeError):
+        ex.submit({"id": 0}, object())
+
+
+def test_should_accept_rejects_and_frees_budget(executors):
+    b = 2
+    ex = executors(b=b, eta=0)
+    wf = EchoWorkflow()
+    for i in range(4):
+        ex.submit({"id": i}, wf)
+    settle(ex, lambda c: c["accepted"] == 2 and c["running"] == 0)
+    out = ex.wait(2, timeout=5, should_accept=lambda t: t["rewards"].item() >= 2)
+    assert sorted(out["rewards"].tolist()) == [2.0, 3.0]
+    c = ex.counters()
+    assert c["rejected"] == 2 and c["accepted"] == 2
+
+
+def test_workflow_returning_none_is_rejected(executors):
+    ex = executors(b=4, eta=0)
+    out = ex.rollout_batch(
+        [{"id": i} for i in range(4)], EchoWorkflow(reject=lambda d: d["id"] % 2 == 1), timeout=5
+    )
+    assert sorted(out["rewards"].tolist()) == [0.0, 2.0]
+    c = ex.counters()
+    assert (c["accepted"], c["rejected"], c["running"]) == (2, 2, 0)
+
+
+def test_stale_trajectories_are_dropped_at_consumption(executors):
+    ex = executors(b=2, eta=0)
+    wf = EchoWorkflow()
+    for i in range(2):
+        ex.submit({"id": i}, wf)
+    settle(ex, lambda c: c["accepted"] == 2)
+    ex.set_version(1)  # as if the trainer moved on without consuming them
+    with pytest.raises(RolloutTimeout):
+        ex.wait(2, timeout=0.3)
+    c = ex.counters()
+    assert c["stale"] == 2 and c["accepted"] == 0 and c["rejected"] == 2
+
+
+def test_pause_stops_launching_and_resume_restarts(executors):
+    ex = executors(b=2, eta=1)
+    ex.pause()
+    wf = EchoWorkflow()
+    for i in range(2):
+        ex.submit({"id": i}, wf)
+    time.sleep(0.2)
+    assert ex.counters()["pending"] == 2 and wf.seen == []
+    ex.resume()
+    assert ex.wait(2, timeout=5)["input_ids"].shape[0] == 2
+
+
+def test_input_queue_is_bounded(executors):
+    ex = executors(b=1, eta=0, queue_size=2)
+    ex.pause()
+    wf = EchoWorkflow()
+    ex.submit({"id": 0}, wf)
+    ex.submit({"id": 1}, wf)
+    t0 = time.monotonic()
+    with pytest.raises(RolloutQueueFull, match="pending=2"):
+        ex.submit({"id": 2}, wf, timeout=0.3)
+    assert 0.25 < time.monotonic() - t0 < 3
+
+
+def test_output_backpressure(executors):
+    ex = executors(b=8, eta=4, m=8, queue_size=3)
+    wf = EchoWorkflow()
+    for i in range(3):
+        ex.submit({"id": i}, wf)
+    settle(ex, lambda c: c["ready"] == 3)
+    ex.submit({"id": 3}, wf)
+    time.sleep(0.2)
+    assert ex.counters()["pending"] == 1  # nothing starts until the trainer consumes
+    ex.wait(1, timeout=5)
+    settle(ex, lambda c: c["pending"] == 0 and c["ready"] == 3)
+
+
+def test_prepare_batch_keeps_a_batch_ahead_and_cycles_epochs(executors):
+    rows = [{"id": i} for i in range(6)]
+    loader = create_dataloader(rows, DatasetConfig(batch_size=2, shuffle=False, drop_last=True))
+    ex = executors(b=2, eta=1)
+    wf = EchoWorkflow(delay=0.01)
+    got = []
+    for step in range(6):  # two epochs of three batches
+        batch = ex.prepare_batch(loader, wf)
+        assert batch["input_ids"].shape[0] == 2
+        got += [int(r) for r in batch["rewards"].tolist()]
+        c = ex.counters()
+        assert c["pending"] + c["running"] + c["ready"] >= 2, c  # next batch already in flight
+        ex.set_version(step + 1)
+    assert len(got) == 12
+    assert sorted(got[:6]) == list(range(6))  # first epoch: each row once (completion order)
+    assert set(wf.seen) == set(range(6))
+
+
+def test_on_version_recovered_limits_the_first_burst(executors):
+    b = 2
+    ex = executors(b=b, eta=1, m=100)
+    ex.on_version_recovered(7)
+    assert ex.get_version() == 7
+    wf = EchoWorkflow()
+    for i in range(10):
+        ex.submit({"id": i}, wf)
+    c = settle(ex, lambda c: c["running"] == 0 and c["accepted"] == 7 * b + 2 * b)
+    assert c["pending"] == 10 - 2 * b
+
+
+def test_wait_fails_fast_when_every_episode_fails(executors):
+    ex = executors(b=1, eta=30, m=50)
+    wf = EchoWorkflow(fail=lambda d: True)
+    for i in range(20):
+        ex.submit({"id": i}, wf)
+    t0 = time.monotonic()
+    with pytest.raises(RolloutFailing, match="ZeroDivisionError: boom on"):
+        ex.wait(1, timeout=30)
+    assert time.monotonic() - t0 < 5
+    settle(ex, lambda c: c["failed"] == 20)
