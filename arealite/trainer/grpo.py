@@ -1,0 +1,166 @@
+"""GRPO: ``torchrun --nproc-per-node K -m arealite.trainer.grpo CONFIG [key=value ...]``.
+
+One step: rollout -> recompute logp -> ref logp -> advantages -> ppo_update -> pause, upload and
+update weights, resume, version + 1 -> save / recovery checkpoint / evaluate / log. Async
+(``prepare_batch``, trajectories at most ``max_head_offpolicyness`` versions old) and sync
+(``rollout_batch``) differ in that one call only. Server addresses come from
+``rollout.server_addrs`` or ``AREAL_LLM_SERVER_ADDRS`` (the launcher sets it).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from arealite.api.config import GRPOConfig
+from arealite.api.io_struct import FinetuneSpec, SaveLoadMeta, WeightUpdateMeta
+from arealite.dataset.loader import create_dataloader, load_rows
+from arealite.engine.ppo.actor import FSDPPPOActor
+from arealite.engine.sglang_remote import RemoteSGLangEngine
+from arealite.trainer.common import (
+    config_from_argv,
+    dist_info,
+    load_tokenizer,
+    run_dir,
+    setup_logging,
+)
+from arealite.trainer.rollout_stats import batch_rollout_stats, evaluate
+from arealite.utils import recover as rec
+from arealite.utils import stats_tracker
+from arealite.utils.network import find_free_port
+from arealite.utils.stats_logger import StatsLogger
+from arealite.utils.timing import FreqController, timer
+from workflows.factory import build_workflow
+
+
+def main(argv: list[str] | None = None) -> int:
+    config: GRPOConfig = config_from_argv(argv, GRPOConfig)
+    rank, world = dist_info()
+    setup_logging(rank)
+    torch.manual_seed(config.seed + rank)
+    tokenizer = load_tokenizer(config.tokenizer_path or config.actor.path)
+
+    # Data: each rank takes its shard of every global batch.
+    train_rows = load_rows(config.train_dataset)
+    valid_rows = load_rows(config.valid_dataset) if config.valid_dataset else []
+    loader = create_dataloader(train_rows, config.train_dataset, config.seed, rank, world)
+    ft = FinetuneSpec(config.total_train_epochs, len(train_rows), config.train_dataset.batch_size)
+    total_steps = min(ft.total_train_steps, config.total_train_steps or ft.total_train_steps)
+
+    # Engines: the rollout client (staleness-gated), an evaluation client (no gate), the actor.
+    rollout = RemoteSGLangEngine(config.rollout)
+    eval_rollout = RemoteSGLangEngine(config.rollout.model_copy(
+        update={"max_head_offpolicyness": 1 << 20, "max_concurrent_rollouts": None}))
+    actor = FSDPPPOActor(config.actor, config.device, config.dist_backend, config.seed)
+    actor.initialize(None, ft)
+    ref = None
+    if config.ref is not None:
+        ref = FSDPPPOActor(config.ref, config.device, config.dist_backend, config.seed)
+        ref.initialize(None, None)
+    workflow = build_workflow(config.workflow, config.gconfig, tokenizer)
+    eval_gconfig = config.eval_gconfig or config.gconfig.new(n_samples=1, greedy=True, temperature=0.0)
+    eval_workflow = build_workflow(config.workflow, eval_gconfig, tokenizer)
+
+    # Weight updates: a disk folder per version, or one broadcast group for the whole run.
+    wu = config.weight_update
+    port = [wu.master_port or (find_free_port() if rank == 0 else 0)]
+    if dist.is_initialized() and wu.type == "distributed":
+        dist.broadcast_object_list(port, src=0)
+
+    def weight_meta(version: int) -> WeightUpdateMeta:
+        if wu.type == "disk":
+            return WeightUpdateMeta("disk", version, str(run_dir(config, "weights", f"v{version}")))
+        return WeightUpdateMeta(
+            "distributed", version, group_name=wu.group_name, master_address=wu.master_address,
+            master_port=port[0], bucket_size_mb=wu.bucket_size_mb, timeout=wu.timeout,
+            param_specs=actor.get_param_specs(wu.bucket_size_mb))
+
+    def push_weights(version: int) -> None:
+        meta = weight_meta(version)
+        fut = rollout.update_weights(meta) if rank == 0 else None
+        actor.upload_weights(meta)  # every rank gathers; rank 0 writes or broadcasts
+        if fut is not None:
+            fut.result(timeout=wu.timeout)
+        if dist.is_initialized():
+            dist.barrier()
+        for engine in (actor, rollout, eval_rollout):
+            engine.set_version(version)
+
+    # Recovery: weights, optimizer, data position, version and staleness counters.
+    saver, evaluator = FreqController.from_config(config.saver), FreqController.from_config(config.evaluator)
+    checkpointer = FreqController.from_config(config.recover)
+    start_step, version = 0, 0
+    info = rec.load_recover_info(rec.find_latest(rec.recover_root(config))) if rec.should_recover(config) else None
+    if info is not None:
+        ckpt = rec.find_latest(rec.recover_root(config))
+        actor.load(SaveLoadMeta(str(rec.weights_dir(ckpt)), "dcp", with_optim=True))
+        loader.load_state_dict(info.dataloader_state)
+        for ctl, state in ((saver, info.saver_state), (evaluator, info.evaluator_state), (checkpointer, info.checkpointer_state)):
+            ctl.load_state_dict(state)
+        start_step, version = info.step + 1, info.version
+        rollout.on_version_recovered(version)
+    rollout.initialize(None, train_data_parallel_size=world)
+    eval_rollout.initialize(None, train_data_parallel_size=1)
+    if info is not None:
+        push_weights(version)  # servers may hold other weights after a crash
+    else:
+        for engine in (actor, rollout, eval_rollout):
+            engine.set_version(0)
+
+    logger = StatsLogger(config.stats_logger, run_dir(config, "logs"), total_steps=total_steps,
+                         start_step=start_step - 1 if info else None)
+    if valid_rows and info is None and rank == 0:
+        logger.commit(0, evaluate(eval_rollout, eval_workflow, valid_rows, config.evaluator))
+    epoch_iter = iter(())
+    for step in range(start_step, total_steps):
+        epoch = step // ft.steps_per_epoch
+        t0 = time.perf_counter()
+        with timer("rollout_wait"):
+            if config.async_training:
+                batch = rollout.prepare_batch(loader, workflow)
+            else:
+                rows = next(epoch_iter, None)
+                if rows is None:
+                    loader.sampler.set_epoch(epoch)
+                    epoch_iter = iter(loader)
+                    rows = next(epoch_iter)
+                batch = rollout.rollout_batch(rows, workflow)
+        with timer("logp"):
+            if config.actor.recompute_logprob:
+                batch["prox_logp"] = actor.compute_logp(batch)
+            if ref is not None:
+                batch["ref_logp"] = ref.compute_logp(batch)
+            actor.compute_advantages(batch)
+        with timer("update"):
+            stats = actor.ppo_update(batch)
+        with timer("weight_sync"):
+            rollout.pause()
+            version = step + 1
+            push_weights(version)
+            rollout.resume()
+
+        epoch_done = int((step + 1) % ft.steps_per_epoch == 0)
+        if saver.check(epochs=epoch_done, steps=1) or step + 1 == total_steps:
+            actor.save(SaveLoadMeta(str(run_dir(config, "checkpoints", f"step{step + 1}")), "hf", tokenizer=tokenizer))
+        if checkpointer.check(epochs=epoch_done, steps=1):
+            info = rec.RecoverInfo(step=step, epoch=epoch, epoch_step=step % ft.steps_per_epoch, version=version,
+                                   dataloader_state=loader.state_dict(), saver_state=saver.state_dict(),
+                                   evaluator_state=evaluator.state_dict(), checkpointer_state=checkpointer.state_dict())
+            rec.save_checkpoint(rec.recover_root(config), info, lambda d: actor.save(SaveLoadMeta(str(d), "dcp", with_optim=True)))
+        stats.update(batch_rollout_stats(batch, rollout, version, time.perf_counter() - t0))
+        if valid_rows and rank == 0 and (evaluator.check(steps=1) or step + 1 == total_steps):
+            stats.update(evaluate(eval_rollout, eval_workflow, valid_rows, config.evaluator))
+        stats.update(stats_tracker.export())
+        logger.commit(step + 1, stats)
+
+    logger.close()
+    for engine in (rollout, eval_rollout, actor):
+        engine.destroy()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

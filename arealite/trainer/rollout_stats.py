@@ -1,0 +1,61 @@
+"""Per-step rollout statistics and held-out evaluation for the RL entry scripts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from arealite.api.config import EvaluatorConfig
+from arealite.api.engine_api import InferenceEngine
+from arealite.api.workflow_api import RolloutWorkflow
+
+
+def batch_rollout_stats(batch: dict[str, torch.Tensor], rollout: Any, version: int, step_secs: float) -> dict[str, float]:
+    """Reward, staleness (trainer version at the update minus each token's version), version
+    span per trajectory, throughput and the executor's counters."""
+    lm = batch["loss_mask"].bool()
+    out: dict[str, float] = {
+        "reward": batch["rewards"].float().mean().item(),
+        "gen_len": lm.sum(1).float().mean().item(),
+        "perf/tokens_per_sec": batch["attention_mask"].sum().item() / max(step_secs, 1e-9),
+        "timeperf/step": step_secs,
+    }
+    if lm.any():
+        v = batch["versions"]
+        stale = (version - 1) - v[lm]  # weights trained at this step were version - 1
+        out["staleness/avg"] = stale.float().mean().item()
+        out["staleness/max"] = stale.max().item()
+        for k in range(int(stale.max().item()) + 1):
+            out[f"staleness/hist_{k}"] = (stale == k).float().mean().item()
+        big = torch.iinfo(v.dtype).max
+        vmax = torch.where(lm, v, -1).max(1).values
+        vmin = torch.where(lm, v, big).min(1).values
+        has = lm.any(1)
+        out["version_span/mean"] = (vmax - vmin)[has].float().mean().item()
+    counters = getattr(getattr(rollout, "executor", None), "counters", None)
+    if callable(counters):
+        for k, val in counters().items():
+            out[f"rollout/{k}"] = float(val)
+    try:
+        from workflows.reward_pool import reward_stats
+
+        for k, val in reward_stats().items():
+            out[f"reward_fn/{k}"] = float(val)
+    except ImportError:
+        pass
+    return out
+
+
+def evaluate(
+    engine: InferenceEngine,
+    workflow: RolloutWorkflow,
+    rows: list[dict[str, Any]],
+    config: EvaluatorConfig,
+) -> dict[str, float]:
+    """Mean reward of ``workflow`` over the held-out rows (greedy by default: accuracy)."""
+    rows = rows[: config.max_prompts] if config.max_prompts else rows
+    if not rows:
+        return {}
+    batch = engine.rollout_batch(rows, workflow)
+    return {"eval/accuracy": batch["rewards"].float().mean().item(), "eval/n": float(len(rows))}
