@@ -20,39 +20,48 @@ from arealite.api.config_loader import ConfigError, load_config
 
 GRPO_CONFIG = "configs/toy_grpo.yaml"
 SFT_CONFIG = "configs/toy_sft.yaml"
-ASSETS = Path("outputs/assets")
 # SFT stops once teacher-forced held-out accuracy reaches this; sampled greedy accuracy at GRPO
 # step 0 is then well under 0.5, leaving the rise to RL.
 SFT_STOP_ACCURACY = 0.3
 
 
-def build_assets() -> None:
+def build_assets(assets: Path) -> None:
     from arealite.dataset.toy_math import write_toy_math
     from arealite.models.tiny import build_tiny_model
 
-    if not (ASSETS / "tiny_model" / "config.json").is_file():
-        build_tiny_model(ASSETS / "tiny_model")
-    if not (ASSETS / "toy_math" / "valid.jsonl").is_file():
-        write_toy_math(ASSETS / "toy_math", n_train=3000, n_valid=200, seed=0)
+    if not (assets / "tiny_model" / "config.json").is_file():
+        build_tiny_model(assets / "tiny_model")
+    if not (assets / "toy_math" / "valid.jsonl").is_file():
+        write_toy_math(assets / "toy_math", n_train=3000, n_valid=200, seed=0)
+
+
+def asset_overrides(assets: Path, model: str) -> list[str]:
+    """Point a config at the assets under ``{cluster.fileroot}/assets``."""
+    return [f"{model}={assets / ('tiny_model' if model == 'model.path' else 'sft_model')}",
+            f"train_dataset.path={assets / 'toy_math' / 'train.jsonl'}",
+            f"valid_dataset.path={assets / 'toy_math' / 'valid.jsonl'}"]
 
 
 def main(overrides: list[str] | None = None) -> int:
     from arealite.launcher.local import main as launch
     from arealite.utils.stats_logger import plot_metrics
 
-    overrides = list(overrides or [])
     try:
+        fileroot = load_config(GRPO_CONFIG, list(overrides or [])).cluster.fileroot
+        assets = Path(fileroot) / "assets"
+        overrides = asset_overrides(assets, "actor.path") + list(overrides or [])
         grpo = load_config(GRPO_CONFIG, overrides)
     except ConfigError as e:
         print(f"arealite: config error: {e}", file=sys.stderr)
         return 2
     t0 = time.monotonic()
     print("== 1/3 building the tiny model and the toy task", flush=True)
-    build_assets()
+    build_assets(assets)
     sft_model = Path(grpo.actor.path)
     if not (sft_model / "config.json").is_file():
         print(f"== 2/3 SFT warm start -> {sft_model}", flush=True)
-        code = launch([SFT_CONFIG, f"output_dir={sft_model}",
+        code = launch([SFT_CONFIG, *asset_overrides(assets, "model.path"),
+                       f"cluster.fileroot={fileroot}", f"output_dir={sft_model}",
                        f"stop_at_valid_accuracy={SFT_STOP_ACCURACY}"])
         if code != 0:
             print(f"arealite: SFT warm start failed (exit {code})", file=sys.stderr)

@@ -33,6 +33,13 @@ def batch_rollout_stats(batch: dict[str, torch.Tensor], rollout: Any, version: i
         vmin = torch.where(lm, v, big).min(1).values
         has = lm.any(1)
         out["version_span/mean"] = (vmax - vmin)[has].float().mean().item()
+        # Invariant 4: tokens generated with the weights the trainer held while recomputing
+        # logprobs must get the same logprob from server and trainer.
+        fresh = lm & (v == version - 1)
+        if "prox_logp" in batch and fresh.any():
+            diff = (batch["logprobs"] - batch["prox_logp"]).abs()[fresh]
+            out["logprob_agreement/max_abs_diff"] = diff.max().item()
+            out["logprob_agreement/n_tokens"] = float(fresh.sum().item())
     counters = getattr(getattr(rollout, "executor", None), "counters", None)
     if callable(counters):
         for k, val in counters().items():
