@@ -74,7 +74,8 @@ def main(overrides: list[str] | None = None) -> int:
     metrics = out / "logs" / "metrics.jsonl"
     if metrics.is_file():
         png = out / "reward_curve.png"
-        plot_metrics(metrics, png, keys=["reward", "eval/accuracy"])
+        plot_metrics(metrics, png, keys=["reward", "eval/accuracy"],
+                     title=f"{grpo.experiment_name}/{grpo.trial_name}: reward, held-out accuracy")
         print(f"\nDone in {time.monotonic() - t0:.0f}s (exit {code}). Outputs:")
         print(f"  metrics:      {metrics}")
         print(f"  tensorboard:  {out / 'logs' / 'tensorboard'}")

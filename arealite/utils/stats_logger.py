@@ -51,8 +51,12 @@ def _finite_or_none(v: Any) -> Any:
 
 
 def format_console_line(step: int, stats: dict[str, float], total_steps: int | None = None) -> str:
-    """``step 3/40 | reward 0.625 | eval_acc 0.810 | stale 0.50 | tok/s 1234``."""
+    """``[##......] step 3/40 | reward 0.625 | eval_acc 0.810 | stale 0.50 | tok/s 1234``
+    (the progress bar only when ``total_steps`` is known)."""
     parts = [f"step {step}" + (f"/{total_steps}" if total_steps else "")]
+    if total_steps:
+        done = round(20 * min(max(step, 0), total_steps) / total_steps)
+        parts[0] = f"[{'#' * done}{'.' * (20 - done)}] " + parts[0]
     for label, keys, fmt in CONSOLE_FIELDS:
         key = next((k for k in keys if k in stats), None)
         if key is None:

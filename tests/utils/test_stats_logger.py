@@ -28,7 +28,7 @@ def test_writes_jsonl_tensorboard_and_console(tmp_path):
     recs = read_metrics(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in recs] == [1, 2, 3]
     assert recs[1]["rollout/reward/avg"] == 0.2 and recs[2]["other/x"] == 3.0
-    assert lines[0] == ("step 1/3 | reward 0.100 | eval_acc 0.510 | stale 1.00 | tok/s 1234")
+    assert lines[0] == ("[#######.............] step 1/3 | reward 0.100 | eval_acc 0.510 | stale 1.00 | tok/s 1234")
     events = list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
     assert events and events[0].stat().st_size > 0
 
