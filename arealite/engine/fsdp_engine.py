@@ -1,0 +1,378 @@
+"""``FSDPEngine``: a HF causal LM trained with FSDP2 over packed micro-batches.
+
+Construction needs only the model's config and where to run::
+
+    engine = FSDPEngine(config.actor, device=config.device, backend=config.dist_backend)
+    engine.initialize(ft_spec=FinetuneSpec(...))
+
+Process group: under ``torchrun`` from ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT``;
+a plain process becomes a world of one on a free port. Device (cpu/cuda), backend (gloo/nccl)
+and dtypes are configuration; the code path is the same everywhere.
+
+Data: ``train_batch``/``forward`` take a padded trajectory dict (``arealite.api.io_struct``),
+split it into micro-batches of at most ``max_tokens_per_mb`` tokens (first-fit-decreasing, the
+same count on every rank), pack each one into a single row and run the model on it with a
+block-diagonal causal mask (sdpa/eager) or varlen flash attention (``cu_seqlens``). Loss
+functions receive ``(logits [T, V], packed_mb)`` where the packed dict is in next-token
+alignment: ``logits[i]`` predicts ``labels[i]`` and ``loss_mask[i]``, ``logprobs[i]``, ... refer
+to that same token (see ``arealite.utils.data``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+
+from arealite.api.config import TrainEngineConfig
+from arealite.api.engine_api import TensorDict, TrainEngine
+from arealite.api.io_struct import (
+    FinetuneSpec,
+    ParamSpec,
+    SaveLoadMeta,
+    WeightUpdateMeta,
+    WeightUpdateType,
+)
+from arealite.engine.weight_upload import DistributedUploader, param_specs, write_disk_marker
+from arealite.utils import checkpoint as ckpt
+from arealite.utils.data import (
+    MicroBatchList,
+    block_causal_mask,
+    pack_tensor_dict,
+    split_into_micro_batches,
+    unpack_to_padded,
+)
+from arealite.utils.distributed import (
+    init_default_process_group,
+    resolve_backend,
+    resolve_device,
+)
+from arealite.utils.fsdp import (
+    apply_fsdp2,
+    clip_grads_,
+    grad_norm,
+    load_full_state_dict,
+    make_lr_scheduler,
+    to_dtype,
+)
+from arealite.utils.functional import gather_logprobs
+
+logger = logging.getLogger("arealite.engine.fsdp")
+
+LossFn = Callable[[torch.Tensor, TensorDict], torch.Tensor]
+WeightFn = Callable[[TensorDict], "float | torch.Tensor"]
+
+
+def resolve_attn_impl(attn_impl: str, device: torch.device) -> str:
+    """``auto``: flash-attn varlen on CUDA when the package is installed, else SDPA."""
+    if attn_impl != "auto":
+        if attn_impl == "flash_attention_2" and device.type != "cuda":
+            raise ValueError("attn_impl=flash_attention_2 needs device=cuda")
+        return attn_impl
+    if device.type == "cuda":
+        try:
+            import flash_attn  # noqa: F401
+
+            return "flash_attention_2"
+        except ImportError:
+            pass
+    return "sdpa"
+
+
+class FSDPEngine(TrainEngine):
+    # "causal_lm": logits over the vocabulary; "value": one scalar per position (a critic,
+    # HF token classification with num_labels=1, its backbone loaded from a causal LM)
+    model_kind = "causal_lm"
+
+    def __init__(
+        self,
+        config: TrainEngineConfig,
+        device: str = "auto",
+        backend: str = "auto",
+        seed: int = 1,
+    ):
+        self.config = config
+        self.device = resolve_device(device)
+        self.backend = resolve_backend(backend, self.device)
+        self.seed = seed
+        self.attn_impl = resolve_attn_impl(config.attn_impl, self.device)
+        self.model: torch.nn.Module | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.lr_scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
+        self.hf_config: Any = None
+        self.rank, self.world_size = 0, 1
+        self.dp_group: dist.ProcessGroup | None = None
+        self.version = 0
+        self.global_step = 0
+        self._uploader: DistributedUploader | None = None
+        self._train_mode = True
+
+    # ------------------------------------------------------------------ set-up
+
+    @property
+    def is_rank0(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        return to_dtype(self.config.mixed_precision.param_dtype)
+
+    def initialize(self, addr: str | None = None, ft_spec: FinetuneSpec | None = None) -> None:
+        """Join the process group, build and shard the model, load weights from rank 0, and build
+        optimizer + schedule (``ft_spec`` gives the total steps; None: a constant schedule)."""
+        if not self.config.path:
+            raise ValueError("TrainEngineConfig.path is empty: give an HF model directory")
+        from transformers import AutoConfig
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        self.rank, self.world_size = init_default_process_group(self.backend, self.device)
+        self.dp_group = dist.group.WORLD
+        self.mesh = init_device_mesh(self.device.type, (self.world_size,), mesh_dim_names=("dp",))
+        dtype = to_dtype(self.config.dtype)
+        extra = {"num_labels": 1} if self.model_kind == "value" else {}
+        self.hf_config = AutoConfig.from_pretrained(self.config.path, **extra)
+        auto_cls = ckpt.auto_model_class(self.model_kind)
+        torch.manual_seed(self.seed)
+        with torch.device(self.device):
+            model = auto_cls.from_config(
+                self.hf_config, dtype=dtype, attn_implementation=self.attn_impl
+            )
+        if self.config.gradient_checkpointing:
+            kw = {"use_reentrant": False}
+            if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5 name
+                model.activation_checkpointing_enable(activation_checkpointing_kwargs=kw)
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
+        # rank 0 holds the real weights (from disk, or its seeded random init); the others get
+        # them by broadcast after sharding, so every rank starts identical.
+        full: dict[str, torch.Tensor] = {}
+        if self.is_rank0:
+            if self.config.init_from_scratch:
+                full = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+            else:
+                full = ckpt.load_hf_state_dict(self.config.path, dtype, self.model_kind)
+        offload = self.config.cpu_offload
+        if offload and self.device.type != "cuda":
+            logger.info("cpu_offload ignored: the model already lives on the CPU")
+            offload = False
+        apply_fsdp2(
+            model, self.mesh, self.compute_dtype,
+            to_dtype(self.config.mixed_precision.reduce_dtype), cpu_offload=offload,
+        )
+        load_full_state_dict(model, full)
+        del full
+        self.model = model
+        self._build_optimizer(ft_spec)
+        self._uploader = DistributedUploader(self.backend, self.device)
+
+    def _build_optimizer(self, ft_spec: FinetuneSpec | None) -> None:
+        oc = self.config.optimizer
+        if oc is None:
+            self.model.requires_grad_(False)
+            return
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=oc.lr, betas=(oc.beta1, oc.beta2), eps=oc.eps,
+            weight_decay=oc.weight_decay,
+        )
+        total = ft_spec.total_train_steps if ft_spec is not None else 1
+        kind = oc.lr_scheduler_type if ft_spec is not None else "constant"
+        self.lr_scheduler = make_lr_scheduler(
+            self.optimizer, kind, total, oc.warmup_steps_proportion, oc.min_lr_ratio
+        )
+
+    def destroy(self) -> None:
+        """Free model, optimizer and the weight-update group. The default process group is
+        process-wide (other engines may share it) and stays up."""
+        if self._uploader is not None:
+            self._uploader.close()
+        self.model = self.optimizer = self.lr_scheduler = None
+
+    def train(self, mode: bool = True) -> FSDPEngine:
+        self._train_mode = mode
+        if self.model is not None:
+            self.model.train(mode)
+        return self
+
+    def _check_ready(self) -> torch.nn.Module:
+        if self.model is None:
+            raise RuntimeError("FSDPEngine is not initialized (call initialize())")
+        return self.model
+
+    # ------------------------------------------------------------------ forward pieces
+
+    def split_micro_batches(self, input_: TensorDict) -> MicroBatchList:
+        data = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v
+                for k, v in input_.items()}
+        return split_into_micro_batches(data, self.config.max_tokens_per_mb, group=self.dp_group)
+
+    def model_forward(self, packed: TensorDict) -> torch.Tensor:
+        """Logits ``[T, V]`` of one packed micro-batch (sequences never attend to each other)."""
+        model = self._check_ready()
+        ids = packed["input_ids"][None]
+        pos = packed["position_ids"][None]
+        cu = packed["cu_seqlens"]
+        kwargs: dict[str, Any] = {}
+        if self.attn_impl == "flash_attention_2":
+            # varlen flash attention: sequence boundaries from cu_seqlens, no dense mask
+            mx = int(packed["max_seqlen"])
+            kwargs.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=mx, max_length_k=mx)
+            mask = None
+        elif self.attn_impl == "eager":
+            mask = block_causal_mask(cu, ids.shape[1], dtype=self.compute_dtype)
+        else:
+            mask = block_causal_mask(cu, ids.shape[1], dtype=torch.bool)
+        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False, **kwargs)
+        return out.logits[0]
+
+    # ------------------------------------------------------------------ training
+
+    def train_batch(self, input_: TensorDict, loss_fn: LossFn, loss_weight_fn: WeightFn) -> dict[str, float]:
+        model = self._check_ready()
+        if self.optimizer is None:
+            raise RuntimeError("this engine has no optimizer (optimizer: null in its config)")
+        self.train(True)
+        mbl = self.split_micro_batches(input_)
+        packed = [pack_tensor_dict(mb) for mb in mbl.mbs]
+        weights = [float(loss_weight_fn(p)) if idx else 0.0 for p, idx in zip(packed, mbl.indices)]
+        totals = torch.tensor([sum(weights), float(sum(int(p["cu_seqlens"][-1]) for p in packed))],
+                              dtype=torch.float64, device=self._comm_device())
+        dist.all_reduce(totals, group=self.dp_group)
+        total_w = float(totals[0])
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self._comm_device())
+        for i, (p, w) in enumerate(zip(packed, weights)):
+            model.set_requires_gradient_sync(i == len(packed) - 1)
+            logits = self.model_forward(p)
+            if w > 0 and total_w > 0:
+                loss = loss_fn(logits, p)
+                # FSDP averages gradients over ranks, so the world size cancels that mean and
+                # the gradient is that of Σ_tokens loss / Σ_tokens over all ranks and mbs.
+                scaled = loss * (w / total_w * self.world_size)
+                loss_sum += float(loss.detach()) * w
+            else:
+                # no loss here (dummy or weightless micro-batch): still run backward so the
+                # FSDP collectives of every rank match
+                scaled = logits.sum() * 0.0
+            scaled.backward()
+        dist.all_reduce(loss_sum, group=self.dp_group)
+        params = [p for p in model.parameters() if p.requires_grad]
+        norm = grad_norm(params, self.dp_group)
+        ok = bool(torch.isfinite(torch.tensor(norm)))
+        if ok:
+            clip_grads_(params, self.config.optimizer.gradient_clipping, norm)
+            self.optimizer.step()
+        else:
+            logger.warning("non-finite grad norm %s: optimizer step skipped", norm)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.global_step += 1
+        return {
+            "loss": float(loss_sum) / total_w if total_w > 0 else 0.0,
+            "grad_norm": norm,
+            "update_successful": float(ok),
+            "lr": self.optimizer.param_groups[0]["lr"],
+            "n_mbs": float(len(mbl)),
+            "n_tokens": float(totals[1]),
+            "loss_weight": total_w,
+        }
+
+    def step_lr_scheduler(self) -> None:
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.step()
+
+    @torch.no_grad()
+    def forward(
+        self,
+        input_: TensorDict,
+        post_hook: Callable[[torch.Tensor, TensorDict], torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """No-grad forward. ``post_hook(logits, packed_mb)`` returns one value per packed
+        position (next-token aligned); the default is the label logprob at temperature 1 (the
+        value for a ``value`` model: ``out[b, t]`` is then the value of the state before t).
+        Returns ``[B, S]`` in input order, each value on the token it describes (0 at t = 0)."""
+        model = self._check_ready()
+        was_training = self._train_mode
+        model.eval()
+        try:
+            mbl = self.split_micro_batches(input_)
+            outs = []
+            for mb in mbl.mbs:
+                p = pack_tensor_dict(mb)
+                logits = self.model_forward(p)
+                if post_hook is not None:
+                    v = post_hook(logits, p)
+                elif self.model_kind == "value":
+                    v = logits.squeeze(-1)
+                else:
+                    v = gather_logprobs(logits, p["labels"])
+                outs.append(unpack_to_padded(v.float(), p["cu_seqlens"], mb["input_ids"].shape[1],
+                                             shift_back=True))
+            return mbl.restore(outs).cpu()
+        finally:
+            model.train(was_training)
+
+    # ------------------------------------------------------------------ weights
+
+    def get_param_specs(self, bucket_size_mb: float | None = None) -> list[list[ParamSpec]]:
+        return param_specs(self._check_ready(), bucket_size_mb or 64.0)
+
+    def upload_weights(self, meta: WeightUpdateMeta) -> None:
+        """Disk: HF files at ``meta.path`` then the ready marker. Distributed: broadcast the
+        buckets of ``meta.param_specs`` over the weight-update group. Collective."""
+        model = self._check_ready()
+        if meta.type == WeightUpdateType.DISK:
+            ckpt.save_hf(model, meta.path)
+            if self.is_rank0:
+                write_disk_marker(meta)
+            dist.barrier(group=self.dp_group)
+            return
+        secs = self._uploader.upload(model, meta, self.is_rank0)
+        logger.info("uploaded weights v%d by broadcast in %.3f s", meta.version, secs)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save(self, meta: SaveLoadMeta) -> None:
+        model = self._check_ready()
+        if meta.weight_format == "hf":
+            ckpt.save_hf(model, meta.path, tokenizer=meta.tokenizer)
+        elif meta.weight_format == "dcp":
+            extra = {
+                "version": self.version,
+                "global_step": self.global_step,
+                "lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler else None,
+                "world_size": self.world_size,
+            }
+            ckpt.save_dcp(model, self.optimizer if meta.with_optim else None, meta.path, extra)
+        else:
+            raise ValueError(f"unknown weight_format {meta.weight_format!r}")
+
+    def load(self, meta: SaveLoadMeta) -> None:
+        model = self._check_ready()
+        if meta.weight_format == "hf":
+            full = ckpt.load_hf_state_dict(meta.path, to_dtype(self.config.dtype),
+                                           self.model_kind) if self.is_rank0 else {}
+            load_full_state_dict(model, full)
+        elif meta.weight_format == "dcp":
+            if meta.with_optim and self.optimizer is None:
+                raise ValueError("with_optim=True but this engine has no optimizer")
+            extra = ckpt.load_dcp(model, self.optimizer if meta.with_optim else None, meta.path)
+            self.version = int(extra.get("version", 0))
+            self.global_step = int(extra.get("global_step", 0))
+            if meta.with_optim and self.lr_scheduler is not None and extra.get("lr_scheduler"):
+                self.lr_scheduler.load_state_dict(extra["lr_scheduler"])
+        else:
+            raise ValueError(f"unknown weight_format {meta.weight_format!r}")
+
+    def set_version(self, version: int) -> None:
+        self.version = int(version)
+
+    def get_version(self) -> int:
+        return self.version
+
+    def _comm_device(self) -> torch.device:
+        return self.device if self.backend == "nccl" else torch.device("cpu")
+

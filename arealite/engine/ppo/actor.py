@@ -1,0 +1,208 @@
+"""PPO/GRPO actor over any ``TrainEngine``: logprobs, advantages and the (decoupled) update.
+
+One trainer step of the entry script::
+
+    if actor.config.recompute_logprob:
+        batch["prox_logp"] = actor.compute_logp(batch)      # proximal policy
+    if ref is not None:
+        batch["ref_logp"] = ref.compute_logp(batch)          # frozen reference (kl_ctl > 0)
+    actor.compute_advantages(batch)                         # adds advantages, returns, ...
+    stats = actor.ppo_update(batch)
+
+Batch keys (trajectory contract of ``arealite.api.io_struct``): ``logprobs`` are the behaviour
+logprobs from the servers, ``prox_logp`` the recomputed ones, ``ref_logp`` the reference
+model's. The meaning of ``recompute_logprob`` / ``use_decoupled_loss`` is documented at the top
+of ``arealite.utils.functional``. Groups (``group_size`` consecutive rows) must not be split
+across ranks; batch-level advantage normalisation is reduced across ranks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from arealite.api.config import PPOActorConfig
+from arealite.api.engine_api import TensorDict, TrainEngine
+from arealite.engine.fsdp_engine import FSDPEngine
+from arealite.utils.data import balanced_partition, select_rows, seqlens_from_mask
+from arealite.utils.functional import (
+    gae_advantages,
+    gather_logprobs,
+    gather_logprobs_entropy,
+    group_normalization,
+    kl_shaped_token_rewards,
+    last_true_index,
+    masked_normalization,
+    ppo_actor_loss_fn,
+    reward_transform,
+)
+from arealite.utils.stats_tracker import ReduceType, StatsTracker
+
+
+class PPOActor:
+    """The algorithm; ``engine`` does the distributed forward/backward."""
+
+    def __init__(self, config: PPOActorConfig, engine: TrainEngine, eos_token_ids=()):
+        self.config = config
+        self.engine = engine
+        self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
+        self.tracker = StatsTracker("ppo_actor")
+
+    # ------------------------------------------------------------------ logprobs
+
+    @torch.no_grad()
+    def compute_logp(self, data: TensorDict, temperature: float | None = None) -> torch.Tensor:
+        """``[B, S]`` logprob of each token under the engine's current weights (0 at t = 0),
+        at the actor's temperature (which must equal the generation temperature)."""
+        temp = self.config.temperature if temperature is None else temperature
+
+        def hook(logits: torch.Tensor, mb: TensorDict) -> torch.Tensor:
+            return gather_logprobs(logits, mb["labels"], temperature=temp)
+
+        return self.engine.forward(data, post_hook=hook)
+
+    # ------------------------------------------------------------------ advantages
+
+    def _no_eos(self, data: TensorDict) -> torch.Tensor:
+        """True for samples cut before EOS (``no_eos`` key when given, else last token check)."""
+        if "no_eos" in data:
+            return data["no_eos"].bool()
+        if not self.eos_token_ids:
+            raise ValueError("mask_no_eos_with_zero needs eos_token_ids or a `no_eos` key")
+        last = last_true_index(data["attention_mask"].bool()).clamp_min(0)
+        tok = data["input_ids"].gather(1, last[:, None]).squeeze(1)
+        return ~torch.isin(tok, torch.tensor(self.eos_token_ids, device=tok.device))
+
+    @torch.no_grad()
+    def compute_advantages(self, data: TensorDict) -> None:
+        """Add ``advantages``, ``returns``, ``token_rewards`` and ``kl`` (all ``[B, S]``) and the
+        transformed ``shaped_rewards [B]`` to ``data`` in place."""
+        c = self.config
+        lm = data["loss_mask"].bool()
+        B = lm.shape[0]
+        if B % c.group_size:
+            raise ValueError(f"batch of {B} rows is not a whole number of groups of {c.group_size}")
+        rewards = reward_transform(data["rewards"], c.reward_bias, c.reward_scaling, c.reward_clip)
+        if c.mask_no_eos_with_zero:
+            rewards = torch.where(self._no_eos(data), 0.0, rewards)
+        if c.group_reward_norm:
+            rewards = group_normalization(rewards, c.group_size)
+        if c.recompute_logprob and "prox_logp" not in data:
+            raise KeyError("recompute_logprob=True: set data['prox_logp'] = compute_logp(data)")
+        old = data["prox_logp"] if c.recompute_logprob else data["logprobs"]
+        ref = data.get("ref_logp")
+        if c.kl_ctl > 0 and ref is None:
+            raise KeyError("kl_ctl > 0 needs data['ref_logp'] from the reference model")
+        tok_rewards, kl = kl_shaped_token_rewards(rewards, old, ref, lm, c.kl_ctl)
+        adv, returns = gae_advantages(tok_rewards, data.get("values"), lm, c.discount,
+                                      c.gae_lambda)
+        if c.group_adv_norm:
+            adv = group_normalization(adv, c.group_size, mask=lm)
+        elif c.adv_norm:
+            adv = masked_normalization(adv, lm, reduce_group=_group(self.engine))
+        data["advantages"] = adv
+        data["returns"] = returns
+        data["token_rewards"] = tok_rewards
+        data["kl"] = kl
+        data["shaped_rewards"] = rewards
+
+    # ------------------------------------------------------------------ update
+
+    def _loss_fn(self, logits: torch.Tensor, mb: TensorDict) -> torch.Tensor:
+        c = self.config
+        lm = mb["loss_mask"].bool()
+        logp = gather_logprobs(logits, mb["labels"], temperature=c.temperature)
+        behave = mb["logprobs"]
+        if c.use_decoupled_loss:
+            prox, old = mb["prox_logp"], behave
+        elif c.recompute_logprob:
+            prox, old = None, mb["prox_logp"]  # standard PPO against the recomputed policy
+        else:
+            prox, old = None, behave  # standard PPO against the servers' logprobs
+        loss, st = ppo_actor_loss_fn(
+            logp, prox, old, mb["advantages"], c.eps_clip, lm, c_clip=c.c_clip,
+            behav_imp_weight_cap=c.behav_imp_weight_cap, eps_clip_higher=c.eps_clip_higher,
+        )
+        _, entropy = gather_logprobs_entropy(logits.detach(), mb["labels"], c.temperature)
+        t = self.tracker
+        t.denominator(n_tokens=lm, clipped_tokens=st["clip_mask"],
+                      dual_clipped_tokens=st["dual_clip_mask"])
+        t.stat(denominator="n_tokens", importance_weight=st["importance_weight"],
+               approx_kl=st["approx_kl"], entropy=entropy.float(),
+               new_logp=logp.detach().float(), behave_logp=behave.float())
+        t.stat(denominator="n_tokens", reduce_type=ReduceType.AVG,
+               clip_ratio=st["clip_mask"].float(), dual_clip_ratio=st["dual_clip_mask"].float(),
+               behave_kl_vs_current=(behave - logp.detach()).float())
+        if "behave_imp_weight" in st:
+            t.stat(denominator="n_tokens", behave_imp_weight=st["behave_imp_weight"],
+                   behave_approx_kl=st["behave_approx_kl"])
+            t.stat(denominator="n_tokens", reduce_type=ReduceType.AVG,
+                   behave_mask_ratio=st["behave_mask"].float())
+        return loss
+
+    def ppo_update(self, data: TensorDict) -> dict[str, float]:
+        """``ppo_n_minibatches`` optimizer steps over token-balanced minibatches, then one
+        scheduler step. Returns statistics averaged over tokens of all ranks."""
+        c = self.config
+        if "advantages" not in data:
+            raise KeyError("call compute_advantages(data) before ppo_update(data)")
+        if c.recompute_logprob and "prox_logp" not in data:
+            raise KeyError("recompute_logprob=True but data has no 'prox_logp'")
+        self._record_batch_stats(data)
+        lens = seqlens_from_mask(data["attention_mask"]).tolist()
+        parts = balanced_partition(lens, c.ppo_n_minibatches)
+        step_stats = []
+        for idx in parts:
+            mb = select_rows(data, idx)
+            step_stats.append(self.engine.train_batch(
+                mb, self._loss_fn, lambda p: p["loss_mask"].sum()))
+        self.engine.step_lr_scheduler()
+        for s in step_stats:
+            self.tracker.scalar(grad_norm=s["grad_norm"], lr=s["lr"], loss=s["loss"],
+                                update_successful=s["update_successful"])
+        return self.tracker.export(reduce_group=_group(self.engine))
+
+    def _record_batch_stats(self, data: TensorDict) -> None:
+        t = self.tracker
+        lm = data["loss_mask"].bool()
+        seq = torch.ones(lm.shape[0], dtype=torch.bool)
+        t.denominator(n_seqs=seq, n_valid_tokens=lm)
+        t.stat(denominator="n_seqs", task_reward=data["rewards"].float(),
+               shaped_reward=data["shaped_rewards"].float(),
+               seq_len=data["attention_mask"].sum(1).float(), gen_len=lm.sum(1).float())
+        t.stat(denominator="n_valid_tokens", advantages=data["advantages"].float(),
+               kl_vs_ref=data["kl"].float())
+        if "versions" in data:
+            stale = (self.engine.get_version() - data["versions"]).float()
+            t.stat(denominator="n_valid_tokens", staleness=stale)
+
+
+def _group(engine: TrainEngine) -> Any:
+    return getattr(engine, "dp_group", None) if dist.is_initialized() else None
+
+
+class FSDPPPOActor(FSDPEngine):
+    """``FSDPEngine`` with the actor's methods; also serves as the frozen reference model
+    (``optimizer: null`` in its config, use only ``compute_logp``)."""
+
+    def __init__(self, config: PPOActorConfig, device: str = "auto", backend: str = "auto",
+                 seed: int = 1):
+        super().__init__(config, device=device, backend=backend, seed=seed)
+        self.actor = PPOActor(config, self)
+
+    def initialize(self, addr=None, ft_spec=None) -> None:
+        super().initialize(addr, ft_spec)
+        eos = getattr(self.hf_config, "eos_token_id", None)
+        self.actor.eos_token_ids = tuple(eos if isinstance(eos, (list, tuple)) else
+                                         ([] if eos is None else [eos]))
+
+    def compute_logp(self, data: TensorDict, temperature: float | None = None) -> torch.Tensor:
+        return self.actor.compute_logp(data, temperature)
+
+    def compute_advantages(self, data: TensorDict) -> None:
+        self.actor.compute_advantages(data)
+
+    def ppo_update(self, data: TensorDict) -> dict[str, float]:
+        return self.actor.ppo_update(data)

@@ -1,0 +1,223 @@
+"""The trainer's half of a weight update (protocol sections 5 and 6).
+
+Disk: every rank gathers, rank 0 writes an HF directory at ``meta.path`` and then, last, the
+marker ``meta.disk_ready_marker`` (``{"version": v}``, written to a temp file and renamed, so a
+reader never sees a partial marker) that the client waits for.
+
+Distributed: rank 0 joins the weight-update group exactly as SGLang builds it
+(``init_custom_process_group``: ``tcp://master_address:master_port``, rank 0 hosting the
+TCPStore, ``PrefixStore(group_name)``) and keeps it for later updates. For each bucket of
+``meta.param_specs`` every trainer rank gathers the full tensors (FSDP2 all-gather, a
+collective of the training group) and rank 0 alone issues one ``broadcast(src=0)`` of the
+bucket flattened to uint8 (``load_format="flattened_bucket"``). Every step is time-boxed by
+``meta.timeout``; on failure rank 0 keeps joining the gathers so that the other ranks never
+hang, and all ranks raise the same ``WeightUploadError`` at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from arealite.api.io_struct import ParamSpec, WeightUpdateMeta
+from arealite.utils.distributed import destroy_custom_process_group, init_custom_process_group
+from arealite.utils.fsdp import full_tensor
+
+logger = logging.getLogger("arealite.engine.weight_upload")
+
+
+class WeightUploadError(RuntimeError):
+    """A weight upload failed (on rank 0; every trainer rank raises it)."""
+
+
+def param_specs(model: nn.Module, bucket_size_mb: float) -> list[list[ParamSpec]]:
+    """Parameters in ``named_parameters`` order (tied weights once), cut into buckets.
+
+    A bucket closes before a parameter that would take it past ``bucket_size_mb`` or would
+    start at a byte offset not divisible by its dtype's size (the server rejects unaligned
+    tensors); a parameter larger than the budget gets a bucket of its own.
+    """
+    if bucket_size_mb <= 0:
+        raise ValueError(f"bucket_size_mb must be positive, got {bucket_size_mb}")
+    limit = int(bucket_size_mb * 1024 * 1024)
+    buckets: list[list[ParamSpec]] = []
+    cur: list[ParamSpec] = []
+    used = 0
+    for name, p in model.named_parameters():
+        spec = ParamSpec(name, tuple(int(s) for s in p.shape), str(p.dtype).removeprefix("torch."))
+        item = p.element_size()
+        if cur and (used + spec.nbytes > limit or used % item):
+            buckets.append(cur)
+            cur, used = [], 0
+        cur.append(spec)
+        used += spec.nbytes
+    if cur:
+        buckets.append(cur)
+    return buckets
+
+
+def write_disk_marker(meta: WeightUpdateMeta) -> None:
+    """``{"version": v}`` into ``meta.disk_ready_marker``, atomically (temp file + rename)."""
+    tmp = meta.disk_ready_marker + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump({"version": int(meta.version)}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, meta.disk_ready_marker)
+
+
+class DistributedUploader:
+    """Rank 0's weight-update group, built on first use and kept across updates."""
+
+    def __init__(self, backend: str, device: torch.device):
+        self.backend = backend
+        self.device = device
+        self.pg: dist.ProcessGroup | None = None
+        self.key: tuple | None = None
+        self._bufs: list[torch.Tensor | None] = [None, None]
+
+    def close(self) -> None:
+        destroy_custom_process_group(self.pg)
+        self.pg, self.key = None, None
+        self._bufs = [None, None]
+
+    def _wait_world_size(self, meta: WeightUpdateMeta, deadline: float) -> int:
+        # The client learns the servers' tp sizes from /server_info and sets meta.world_size,
+        # possibly on its own thread just after update_weights(meta) returned.
+        waited = False
+        while meta.world_size is None:
+            if time.monotonic() >= deadline:
+                raise WeightUploadError(
+                    "meta.world_size was never set (1 + Σ tp_size of the servers; the client's "
+                    "update_weights sets it, or set it yourself)"
+                )
+            waited = True
+            time.sleep(0.002)
+        if waited:
+            # the client publishes backend in the statement after world_size: let it land
+            t_backend = time.monotonic() + 0.05
+            while meta.backend is None and time.monotonic() < t_backend:
+                time.sleep(0.001)
+        return int(meta.world_size)
+
+    def _group(self, meta: WeightUpdateMeta, deadline: float) -> dist.ProcessGroup:
+        if meta.master_port is None:
+            raise WeightUploadError("a distributed weight update needs meta.master_port")
+        world = self._wait_world_size(meta, deadline)
+        backend = meta.backend or self.backend
+        key = (meta.master_address, int(meta.master_port), meta.group_name, world, backend)
+        if self.pg is not None and self.key == key:
+            return self.pg
+        self.close()
+        left = max(1.0, deadline - time.monotonic())
+        self.pg = init_custom_process_group(
+            backend=backend,
+            init_method=f"tcp://{meta.master_address}:{int(meta.master_port)}",
+            world_size=world,
+            rank=0,
+            group_name=meta.group_name,
+            timeout=left,
+        )
+        self.key = key
+        return self.pg
+
+    def _check_specs(self, params: dict[str, nn.Parameter], meta: WeightUpdateMeta) -> None:
+        if not meta.param_specs:
+            raise WeightUploadError("meta.param_specs is empty: fill it with get_param_specs()")
+        for bucket in meta.param_specs:
+            off = 0
+            for spec in bucket:
+                p = params.get(spec.name)
+                if p is None:
+                    raise WeightUploadError(f"unknown parameter {spec.name!r} in meta.param_specs")
+                if tuple(p.shape) != tuple(spec.shape):
+                    raise WeightUploadError(
+                        f"{spec.name}: spec shape {tuple(spec.shape)} != model {tuple(p.shape)}"
+                    )
+                item = torch.empty((), dtype=getattr(torch, spec.dtype)).element_size()
+                if off % item:
+                    raise WeightUploadError(f"{spec.name}: byte offset {off} in its bucket is "
+                                            f"not a multiple of {item} (servers reject it)")
+                off += spec.nbytes
+
+    def _buffer(self, k: int, nbytes: int, device: torch.device) -> torch.Tensor:
+        """Send buffer ``k`` (two, used alternately), kept across buckets and updates: a fresh
+        allocation per bucket costs more than the copy itself (page faults)."""
+        b = self._bufs[k]
+        if b is None or b.numel() < nbytes or b.device != device:
+            b = self._bufs[k] = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        return b[:nbytes]
+
+    def upload(self, model: nn.Module, meta: WeightUpdateMeta, is_rank0: bool) -> float:
+        """Broadcast every bucket (collective over the training group). Returns seconds.
+
+        Double-buffered: while bucket i is on the wire, every rank gathers bucket i + 1 and
+        rank 0 packs it into the other buffer.
+        """
+        params = dict(model.named_parameters())
+        self._check_specs(params, meta)
+        t0 = time.monotonic()
+        deadline = t0 + meta.timeout
+        err: BaseException | None = None
+        pg = None
+        if is_rank0:
+            try:
+                pg = self._group(meta, deadline)
+            except Exception as e:  # noqa: BLE001 - reported after the collectives below
+                err = e
+        pending: list = [None, None]
+
+        def wait(k: int) -> None:
+            if pending[k] is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"weight upload exceeded {meta.timeout:.0f} s")
+                pending[k].wait(timeout=timedelta(seconds=left))
+                pending[k] = None
+
+        for i, bucket in enumerate(meta.param_specs):
+            # every rank gathers (FSDP2 all-gather); only rank 0 packs and sends
+            parts = [full_tensor(params[s.name].detach()) for s in bucket]
+            if not is_rank0 or err is not None:
+                continue
+            try:
+                k = i % 2
+                wait(k)
+                dev = torch.device("cpu") if self.key[-1] == "gloo" else self.device
+                buf = self._buffer(k, sum(s.nbytes for s in bucket), dev)
+                off = 0
+                for s, t in zip(bucket, parts):
+                    dt = getattr(torch, s.dtype)
+                    buf[off : off + s.nbytes].view(dt).copy_(t.reshape(-1))  # casts if needed
+                    off += s.nbytes
+                pending[k] = dist.broadcast(buf, src=0, group=pg, async_op=True)
+            except Exception as e:  # noqa: BLE001
+                err = e
+        if is_rank0 and err is None:
+            try:
+                wait(0)
+                wait(1)
+            except Exception as e:  # noqa: BLE001
+                err = e
+        if err is not None:
+            self.close()  # a broken collective leaves the group unusable
+        failed = torch.tensor([1 if err is not None else 0], device=self._default_device())
+        if dist.is_initialized():
+            dist.all_reduce(failed, op=dist.ReduceOp.MAX)
+        if int(failed.item()):
+            msg = f"distributed weight upload to version {meta.version} failed"
+            if err is not None:
+                raise WeightUploadError(f"{msg}: {type(err).__name__}: {err}") from err
+            raise WeightUploadError(f"{msg} on rank 0")
+        return time.monotonic() - t0
+
+    def _default_device(self) -> torch.device:
+        # the training group's backend follows the engine's device (nccl needs CUDA tensors)
+        return self.device if self.backend == "nccl" else torch.device("cpu")

@@ -1,0 +1,134 @@
+"""Checkpoints of an FSDP2 model: HF directories (rank 0) and sharded DCP recovery checkpoints.
+
+HF: every rank takes part in gathering the full state dict, rank 0 writes safetensors + config
+(+ tokenizer), loadable by ``transformers`` and by our servers (``/update_weights_from_disk``).
+
+DCP: model and optimizer state are saved as DTensor shards through
+``torch.distributed.checkpoint`` with fully qualified names (``get_state_dict``), so a checkpoint
+written on N ranks loads on M ranks (DCP reshards on load). Scheduler state, version and step
+counters are small: rank 0 writes them beside the shards as ``engine_state.pt``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from arealite.utils.fsdp import full_state_dict, reshard_all
+
+ENGINE_STATE = "engine_state.pt"
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def save_hf(
+    model: nn.Module,
+    path: str | os.PathLike,
+    tokenizer: Any | None = None,
+) -> None:
+    """Write an HF directory at ``path`` in the training dtype (collective; rank 0 writes)."""
+    sd = full_state_dict(model, cpu_offload=True)
+    if _rank() == 0:
+        out = Path(path)
+        out.mkdir(parents=True, exist_ok=True)
+        # save_pretrained with an explicit state dict: the FSDP-wrapped module's own tensors
+        # are shards, the gathered dict is the real model.
+        model.save_pretrained(str(out), state_dict=sd, safe_serialization=True)
+        gen = getattr(model, "generation_config", None)
+        if gen is not None:
+            gen.save_pretrained(str(out))
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(out))
+    _barrier()
+
+
+def auto_model_class(model_kind: str = "causal_lm"):
+    """The transformers Auto class for a model kind: ``causal_lm`` or ``value`` (critic)."""
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+
+    kinds = {"causal_lm": AutoModelForCausalLM, "value": AutoModelForTokenClassification}
+    if model_kind not in kinds:
+        raise ValueError(f"model_kind must be one of {sorted(kinds)}, got {model_kind!r}")
+    return kinds[model_kind]
+
+
+def load_hf_state_dict(
+    path: str | os.PathLike, dtype: torch.dtype, model_kind: str = "causal_lm"
+) -> dict[str, torch.Tensor]:
+    """Full state dict of the HF model at ``path`` (loaded on CPU through ``from_pretrained``, so
+    transformers' own key conversions and tied weights apply). A ``value`` model loads the
+    backbone of a causal LM checkpoint and initialises its one-output head."""
+    extra = {"num_labels": 1} if model_kind == "value" else {}
+    m = auto_model_class(model_kind).from_pretrained(str(path), dtype=dtype, device_map=None,
+                                                     **extra)
+    return {k: v.detach() for k, v in m.state_dict().items()}
+
+
+def save_dcp(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    path: str | os.PathLike,
+    extra: dict[str, Any] | None = None,
+) -> None:
+    """Sharded checkpoint of model (+ optimizer) at ``path``; ``extra`` (scheduler state,
+    version, counters) is written by rank 0. Collective."""
+    out = Path(path)
+    if _rank() == 0:
+        out.mkdir(parents=True, exist_ok=True)
+    _barrier()
+    if optimizer is not None:
+        msd, osd = get_state_dict(model, optimizer)
+        state = {"model": msd, "optim": osd}
+    else:
+        msd, _ = get_state_dict(model, [])
+        state = {"model": msd}
+    dcp.save(state, checkpoint_id=str(out))
+    if _rank() == 0:
+        tmp = out / (ENGINE_STATE + ".tmp")
+        torch.save({"with_optim": optimizer is not None, **(extra or {})}, tmp)
+        os.replace(tmp, out / ENGINE_STATE)
+    _barrier()
+
+
+def load_dcp(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    path: str | os.PathLike,
+) -> dict[str, Any]:
+    """Load a checkpoint written by :func:`save_dcp`, on any number of ranks; returns ``extra``.
+    Collective."""
+    src = Path(path)
+    if not (src / ENGINE_STATE).exists():
+        raise FileNotFoundError(f"{src} is not a DCP checkpoint of ours (no {ENGINE_STATE})")
+    extra = torch.load(src / ENGINE_STATE, weights_only=False)
+    with_optim = optimizer is not None and extra.get("with_optim", False)
+    if optimizer is not None and not with_optim:
+        raise ValueError(f"{src} holds no optimizer state; load it with with_optim=False")
+    if with_optim:
+        msd, osd = get_state_dict(model, optimizer)
+        state = {"model": msd, "optim": osd}
+    else:
+        msd, _ = get_state_dict(model, [])
+        state = {"model": msd}
+    reshard_all(model)
+    dcp.load(state, checkpoint_id=str(src))
+    if with_optim:
+        set_state_dict(model, optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optim"])
+    else:
+        set_state_dict(model, [], model_state_dict=state["model"], optim_state_dict={})
+    return extra
