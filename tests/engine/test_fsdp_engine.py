@@ -90,6 +90,7 @@ def test_non_finite_gradient_skips_the_step(engine):
                            "full_tensor") else after[k]) for k in before)
 
 
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step()`")
 def test_lr_schedule_warmup_then_cosine(tiny_model_dir):
     from arealite.api.config import OptimizerConfig
 
