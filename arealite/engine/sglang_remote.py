@@ -208,9 +208,10 @@ class RemoteSGLangEngine(InferenceEngine):
         empty_aborts = 0
         while True:
             remaining = g.max_new_tokens - len(resp.output_tokens)
-            seg, addr = await self._generate_segment(
-                req.rid, req.input_ids + resp.output_tokens, g, remaining, start_version
-            )
+            # First segment: the response's own copy of the prompt (never mutated) is the body's
+            # input_ids, so the prompt is copied once per request, not once more per segment.
+            prefix = resp.input_tokens + resp.output_tokens if resp.output_tokens else resp.input_tokens
+            seg, addr = await self._generate_segment(req.rid, prefix, g, remaining, start_version)
             if resp.output_tokens:
                 resp.output_tokens += seg.output_ids
                 resp.output_logprobs += seg.logprobs
@@ -410,6 +411,13 @@ class RemoteSGLangEngine(InferenceEngine):
         should_accept: Callable[[TensorDict], bool] | None = None,
     ) -> TensorDict:
         return self.executor.prepare_batch(dataloader, workflow, should_accept)
+
+    def data_state(self) -> dict[str, Any]:
+        """``prepare_batch``'s epoch and in-flight rows, for a recovery checkpoint."""
+        return self.executor.data_state()
+
+    def load_data_state(self, state: dict[str, Any]) -> None:
+        self.executor.load_data_state(state)
 
     def pause(self) -> None:
         self.executor.pause()

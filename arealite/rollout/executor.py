@@ -77,6 +77,7 @@ class _Result:
     traj: TensorDict
     start_version: int
     group: int | None
+    data: Any = None  # the row it came from: in flight until trained (see inflight_data)
 
 
 def check_trajectory(traj: Any) -> None:
@@ -110,6 +111,8 @@ class WorkflowExecutor:
         self._last_failure = ""
         self._lt = LoopThread("rollout-executor", on_exit=self._notify_all)
         self._tasks: set[asyncio.Task] = set()
+        self._running: dict[int, _Pending] = {}  # started episodes, by launch number
+        self._launches = itertools.count()
         self._data = DataCycle()
 
     # ------------------------------------------------------------------ lifecycle
@@ -178,13 +181,15 @@ class WorkflowExecutor:
                 if not g.try_start():
                     return
                 item = self._input.popleft()
+                key = next(self._launches)
+                self._running[key] = item
                 start_version = g.version
                 self._cond.notify_all()  # room in the input queue
-            task = self.loop.create_task(self._run_episode(item, start_version))
+            task = self.loop.create_task(self._run_episode(key, item, start_version))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _run_episode(self, item: _Pending, start_version: int) -> None:
+    async def _run_episode(self, key: int, item: _Pending, start_version: int) -> None:
         g = self.gate
         try:
             traj = await item.workflow.arun_episode(self.engine, item.data)
@@ -192,20 +197,25 @@ class WorkflowExecutor:
                 check_trajectory(traj)
         except asyncio.CancelledError:
             g.on_fail()
+            with self._cond:
+                self._running.pop(key, None)
             raise
         except Exception as e:  # noqa: BLE001 - a workflow bug must not kill the loop
             g.on_fail()
             self._fail_streak += 1
             self._last_failure = f"{type(e).__name__}: {e}"
             logger.exception("workflow %s failed on one episode", type(item.workflow).__name__)
+            with self._cond:
+                self._running.pop(key, None)
             self._finish_group(item.group)
         else:
             self._fail_streak = 0
             with self._cond:
+                self._running.pop(key, None)  # with the append below: never in neither place
                 if traj is None:
                     g.on_reject()
                 else:
-                    self._results.append(_Result(traj, start_version, item.group))
+                    self._results.append(_Result(traj, start_version, item.group, item.data))
                     g.on_accept()
                 self._finish_group_locked(item.group)
                 self._cond.notify_all()
@@ -419,6 +429,31 @@ class WorkflowExecutor:
 
     def stat(self) -> RolloutStat:
         return self.gate.stat()
+
+    # ------------------------------------------------------------------ recovery
+
+    def _taken_rows(self) -> list[Any]:
+        with self._cond:  # one snapshot: an item moves between these under this lock
+            return ([r.data for r in self._results if r.group is None]
+                    + [p.data for p in self._running.values() if p.group is None]
+                    + [p.data for p in self._input if p.group is None])
+
+    def inflight_data(self) -> list[Any]:
+        """Rows that ``prepare_batch`` took from its dataloader and that no returned batch has
+        held yet: finished but unconsumed, running, queued, and restored rows not resubmitted
+        yet. The dataloader's state is already past them, so a recovery checkpoint saves them
+        (``rollout_batch``'s own episodes are never in flight between calls)."""
+        return self._taken_rows() + self._data.replay_rows()
+
+    def data_state(self) -> dict[str, Any]:
+        """``prepare_batch``'s position beyond the dataloader's own state: the epoch and the
+        in-flight rows (resubmitted first after ``load_data_state``). Call it from the trainer
+        thread between batches, together with ``dataloader.state_dict()``."""
+        return self._data.state_dict(self._taken_rows())
+
+    def load_data_state(self, state: dict[str, Any]) -> None:
+        """Restore ``data_state()`` (with the dataloader's state) before the first batch."""
+        self._data.load_state_dict(state)
 
     def counters(self) -> dict[str, int]:
         s = self.gate.stat()

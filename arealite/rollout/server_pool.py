@@ -102,6 +102,9 @@ class ServerPool:
         self._sticky_capacity = sticky_capacity
         self._sticky: OrderedDict[str, str] = OrderedDict()
         self._lock = threading.Lock()
+        # The healthy servers in pool order, rebuilt only when a server's health changes (under
+        # the lock) rather than filtered on every ``choose`` (the per-request hot path).
+        self._healthy: list[ServerState] = list(self.servers.values())
 
     # ------------------------------------------------------------------ routing
 
@@ -120,7 +123,7 @@ class ServerPool:
             return addr
 
     def _choose_locked(self, rid: str | None, exclude: frozenset[str] | set[str]) -> str:
-        healthy = [self.servers[a] for a in self.addrs if self.servers[a].healthy]
+        healthy = self._healthy
         if not healthy:
             raise NoHealthyServer("no healthy server in the pool: " + self._describe_locked())
         if self.sticky and rid is not None:
@@ -176,6 +179,7 @@ class ServerPool:
             s.last_error = reason
             if s.healthy and s.consecutive_failures >= self.unhealthy_after:
                 s.healthy = False
+                self._refresh_healthy_locked()
                 logger.warning(
                     "server %s marked unhealthy after %d consecutive failures (last: %s)",
                     addr, s.consecutive_failures, reason,
@@ -190,6 +194,7 @@ class ServerPool:
                 logger.warning("server %s taken out of the pool: %s", addr, reason)
             s.healthy = False
             s.last_error = reason
+            self._refresh_healthy_locked()
 
     def mark_healthy(self, addr: str) -> None:
         with self._lock:
@@ -198,6 +203,11 @@ class ServerPool:
                 logger.info("server %s re-admitted to the pool", addr)
             s.healthy = True
             s.consecutive_failures = 0
+            self._refresh_healthy_locked()
+
+    def _refresh_healthy_locked(self) -> None:
+        # A new list (never mutated in place): a caller may still hold the previous one.
+        self._healthy = [self.servers[a] for a in self.addrs if self.servers[a].healthy]
 
     # ------------------------------------------------------------------ views
 

@@ -14,7 +14,6 @@ read as the *engine's version when the request started* (the caller passes it as
 from __future__ import annotations
 
 import math
-import operator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +34,6 @@ SAMPLING_KEYS = frozenset(
 
 FINISH_TYPES = ("length", "stop", "abort")
 _NEG_INF = -math.inf
-_FIRST = operator.itemgetter(0)
 
 
 class ProtocolError(RuntimeError):
@@ -177,10 +175,11 @@ def parse_generate_response(body: Any, fallback_version: int) -> Segment:
         raise ProtocolError("response has no output_token_logprobs (return_logprob was sent)")
     if len(entries) != len(ids):
         raise ProtocolError(f"{len(entries)} logprob entries for {len(ids)} output tokens")
-    # Hot path (one call per segment): C-level map, and the token ids checked at both ends
-    # (a misaligned or truncated list shows there).
+    # Hot path (one call per segment): one list comprehension (faster than map(itemgetter) on
+    # CPython 3.11+), and the token ids checked at both ends (a misaligned or truncated list
+    # shows there).
     try:
-        raw_lps = list(map(_FIRST, entries))
+        raw_lps = [e[0] for e in entries]
         if ids and (
             entries[0][1] not in (None, ids[0]) or entries[-1][1] not in (None, ids[-1])
         ):

@@ -74,6 +74,10 @@ async def group_layout(
     session: aiohttp.ClientSession, addrs: list[str], timeout: float, backend: str | None = None
 ) -> GroupLayout:
     infos = await asyncio.gather(*(get_info(session, a, "server_info", timeout) for a in addrs))
+    return layout_of(addrs, infos, backend)
+
+
+def layout_of(addrs: list[str], infos: list[dict[str, Any]], backend: str | None) -> GroupLayout:
     offsets, nxt = {}, 1
     for a, info in zip(addrs, infos):
         offsets[a] = nxt
@@ -93,6 +97,12 @@ class WeightSync:
         self.poll_interval = poll_interval
         self.group: tuple[str, int, str] | None = None  # (master_address, port, group_name)
         self.layout: GroupLayout | None = None
+        # The name the current group has on the wire: meta.group_name for the first group
+        # this client builds, "-1", "-2", ... appended for rebuilds (after a member died), so
+        # that no store key or server-side name of an abandoned group is ever reused.
+        self.wire_name: str | None = None
+        self._groups_built = 0
+        self._key: tuple[str, int, str] | None = None  # the group the current update wants
 
     async def fan_out(
         self,
@@ -106,18 +116,8 @@ class WeightSync:
     ) -> list[str]:
         """POST to every server at once; returns those that succeeded, records the others."""
         addrs = list(addrs)
-
-        async def one(a: str) -> str | None:
-            try:
-                await call_json(
-                    session, "POST", f"http://{a}{path}", payload, timeout,
-                    ok_statuses=(404,) if tolerate_404 else (),
-                )
-                return None
-            except Exception as e:  # noqa: BLE001 - transport, status or body: all reported
-                return f"{path}: {describe_error(e)}"
-
-        reasons = await asyncio.gather(*(one(a) for a in addrs))
+        reasons = await asyncio.gather(
+            *(self._post(session, a, path, payload, timeout, tolerate_404) for a in addrs))
         ok = []
         for a, r in zip(addrs, reasons):
             if r is None:
@@ -126,6 +126,18 @@ class WeightSync:
                 failed.setdefault(a, r)
                 logger.error("weight update: %s failed %s", a, r)
         return ok
+
+    @staticmethod
+    async def _post(session: aiohttp.ClientSession, addr: str, path: str,
+                    payload: dict[str, Any] | None, timeout: float, tolerate_404: bool = False,
+                    ) -> str | None:
+        """One call; None on success, else the reason."""
+        try:
+            await call_json(session, "POST", f"http://{addr}{path}", payload, timeout,
+                            ok_statuses=(404,) if tolerate_404 else ())
+            return None
+        except Exception as e:  # noqa: BLE001 - transport, status or body: all reported
+            return f"{path}: {describe_error(e)}"
 
     async def wait_disk_ready(self, meta: WeightUpdateMeta, timeout: float) -> None:
         """Wait for the trainer's marker ``{"version": v}`` beside the saved HF files."""
@@ -166,7 +178,7 @@ class WeightSync:
             if meta.type == WeightUpdateType.DISK:
                 await self.wait_disk_ready(meta, timeout)
             else:
-                await self.prepare_group(session, addrs, meta, timeout)
+                addrs = await self.prepare_group(session, addrs, meta, timeout, failed)
             if on_pause is not None:
                 on_pause(True)
             paused: list[str] = []
@@ -218,32 +230,52 @@ class WeightSync:
 
     async def prepare_group(
         self, session: aiohttp.ClientSession, addrs: list[str], meta: WeightUpdateMeta,
-        timeout: float,
-    ) -> None:
-        """Check a distributed meta and publish ``meta.world_size`` (and the backend) before
-        anything is paused: the trainer waits for ``world_size`` to join the group as rank 0."""
+        timeout: float, failed: dict[str, str] | None = None,
+    ) -> list[str]:
+        """Check a distributed meta and publish ``meta.group_name`` (the wire name), the
+        backend and, last, ``meta.world_size`` before anything is paused: the trainer waits for
+        ``world_size`` to join the group as rank 0. Returns the servers that take part: those
+        answering ``/server_info`` (the others go to ``failed``). When the members changed (a
+        server died) the old group is abandoned and a new one is built over the survivors."""
         if not meta.param_specs:
             raise WeightUpdateError("a distributed weight update needs meta.param_specs")
         if meta.master_port is None:
             raise WeightUpdateError("a distributed weight update needs meta.master_port")
+        failed = {} if failed is None else failed
+        infos = await asyncio.gather(
+            *(get_info(session, a, "server_info", timeout) for a in addrs), return_exceptions=True)
+        live = [(a, i) for a, i in zip(addrs, infos) if not isinstance(i, BaseException)]
+        for a, i in zip(addrs, infos):
+            if isinstance(i, BaseException):
+                failed.setdefault(a, f"/server_info: {describe_error(i)}")
+                logger.error("weight update: %s does not answer /server_info: %s", a, describe_error(i))
+        if not live:
+            raise WeightUpdateError("no server answers /server_info: "
+                                    + "; ".join(f"{a}: {r}" for a, r in failed.items()))
+        members = [a for a, _ in live]
         key = (meta.master_address, int(meta.master_port), meta.group_name)
-        if self.group != key:
-            self.layout = await group_layout(session, addrs, timeout, meta.backend)
-        elif set(addrs) != set(self.layout.rank_offsets):
-            raise WeightUpdateError(
-                f"the weight-update group {meta.group_name} was built over "
-                f"{sorted(self.layout.rank_offsets)} but the healthy servers are {sorted(addrs)}; "
-                "a broadcast needs every member: start a new group (another master_port)"
-            )
+        if self.group is not None and (
+                self.group != key or set(members) != set(self.layout.rank_offsets)):
+            # The old group cannot broadcast any more: free it where it still lives.
+            logger.warning("weight-update group %s: members %s -> %s; building a new group",
+                           self.wire_name, sorted(self.layout.rank_offsets), members)
+            await self.destroy_group(session, members)
+        if self.group is None:
+            self.layout = layout_of(members, [i for _, i in live], meta.backend)
+            n = self._groups_built
+            self.wire_name = meta.group_name if n == 0 else f"{meta.group_name}-{n}"
         if meta.world_size is not None and meta.world_size != self.layout.world_size:
             raise WeightUpdateError(
                 f"meta.world_size={meta.world_size} but the servers need "
                 f"{self.layout.world_size} (1 + sum of tp_size)"
             )
+        self._key = key
+        meta.group_name = self.wire_name
         if meta.backend is None:
             meta.backend = self.layout.backend
-        # Last: a trainer polling for world_size then finds the backend already set.
+        # Last: a trainer polling for world_size then finds the name and backend already set.
         meta.world_size = self.layout.world_size
+        return members
 
     async def _distributed(self, session, alive, meta, failed, timeout) -> list[str]:
         lay = self.layout
@@ -253,8 +285,7 @@ class WeightSync:
                 "servers dropped out before the broadcast: "
                 + "; ".join(f"{a}: {r}" for a, r in failed.items())
             )
-        key = (meta.master_address, int(meta.master_port), meta.group_name)
-        if self.group != key:
+        if self.group != self._key:
 
             async def init(a: str) -> str | None:
                 payload = {
@@ -262,10 +293,18 @@ class WeightSync:
                     "rank_offset": lay.rank_offsets[a], "world_size": lay.world_size,
                     "group_name": meta.group_name, "backend": meta.backend or lay.backend,
                 }
-                ok = await self.fan_out(
-                    session, [a], "/init_weights_update_group", payload, failed, timeout
-                )
-                return a if ok else None
+                reason = await self._post(session, a, "/init_weights_update_group", payload, timeout)
+                if reason is None:
+                    return a
+                # A server still holding a group of that name (its trainer died and a restarted
+                # one builds the group again) refuses the name: free it, then try once more.
+                if await self._destroy_quietly(session, a, meta.group_name, timeout):
+                    ok = await self.fan_out(
+                        session, [a], "/init_weights_update_group", payload, failed, timeout)
+                    return a if ok else None
+                failed.setdefault(a, reason)
+                logger.error("weight update: %s failed %s", a, reason)
+                return None
 
             joined = [a for a in await asyncio.gather(*(init(a) for a in alive)) if a]
             if len(joined) != len(alive):
@@ -273,7 +312,8 @@ class WeightSync:
                     "init_weights_update_group failed: "
                     + "; ".join(f"{a}: {r}" for a, r in failed.items())
                 )
-            self.group = key
+            self.group = self._key
+            self._groups_built += 1
         n = len(meta.param_specs)
         for i, bucket in enumerate(meta.param_specs):
             last = i == n - 1
@@ -304,10 +344,23 @@ class WeightSync:
         if self.group is None:
             return
         await self.fan_out(
-            session, addrs, "/destroy_weights_update_group", {"group_name": self.group[2]},
+            session, addrs, "/destroy_weights_update_group", {"group_name": self.wire_name},
             {}, min(10.0, self.step_timeout),
         )
         self.group = None
+
+    async def _destroy_quietly(
+        self, session: aiohttp.ClientSession, addr: str, name: str, timeout: float
+    ) -> bool:
+        """Destroy group ``name`` on ``addr``; True when it existed and is gone."""
+        try:
+            await call_json(session, "POST", f"http://{addr}/destroy_weights_update_group",
+                            {"group_name": name}, min(10.0, timeout))
+        except Exception as e:  # noqa: BLE001 - e.g. 400 "does not exist": nothing to free
+            logger.debug("destroy %s on %s: %s", name, addr, describe_error(e))
+            return False
+        logger.warning("freed a leftover weight-update group %r on %s", name, addr)
+        return True
 
 
 def disk_marker_payload(version: int) -> str:

@@ -20,6 +20,7 @@ from arealite.api.io_struct import FinetuneSpec, SaveLoadMeta, WeightUpdateMeta
 from arealite.dataset.loader import create_dataloader, load_rows
 from arealite.engine.ppo.actor import FSDPPPOActor
 from arealite.engine.sglang_remote import RemoteSGLangEngine
+from arealite.rollout.data_cycle import DataCycle
 from arealite.trainer.common import (
     config_from_argv,
     dist_info,
@@ -27,7 +28,8 @@ from arealite.trainer.common import (
     run_dir,
     setup_logging,
 )
-from arealite.trainer.rollout_stats import batch_rollout_stats, evaluate
+from arealite.trainer.rollout_stats import RolloutIdleMeter, batch_rollout_stats, evaluate
+from arealite.trainer.sample_log import SampleIdLog
 from arealite.utils import recover as rec
 from arealite.utils import stats_tracker
 from arealite.utils.network import find_free_port
@@ -89,7 +91,11 @@ def main(argv: list[str] | None = None) -> int:
         for engine in (actor, rollout, eval_rollout):
             engine.set_version(version)
 
-    # Recovery: weights, optimizer, data position, version and staleness counters.
+    # Recovery: weights, optimizer, data position (the loader's, plus the epoch and, in async
+    # mode, the rows in flight: the loader is past them), version and staleness counters.
+    cycle = DataCycle()  # sync mode's walk over the loader; async mode's is the executor's
+    data_state = rollout.data_state if config.async_training else cycle.state_dict
+    load_data_state = rollout.load_data_state if config.async_training else cycle.load_state_dict
     saver, evaluator = FreqController.from_config(config.saver), FreqController.from_config(config.evaluator)
     checkpointer = FreqController.from_config(config.recover)
     start_step, version = 0, 0
@@ -98,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         ckpt = rec.find_latest(rec.recover_root(config))
         actor.load(SaveLoadMeta(str(rec.weights_dir(ckpt)), "dcp", with_optim=True))
         loader.load_state_dict(info.dataloader_state)
+        load_data_state(info.extra.get("data", {}))
         for ctl, state in ((saver, info.saver_state), (evaluator, info.evaluator_state), (checkpointer, info.checkpointer_state)):
             ctl.load_state_dict(state)
         start_step, version = info.step + 1, info.version
@@ -110,11 +117,13 @@ def main(argv: list[str] | None = None) -> int:
         for engine in (actor, rollout, eval_rollout):
             engine.set_version(0)
 
+    # Steps are logged as step + 1: a resumed run keeps the lines up to its checkpoint's.
     logger = StatsLogger(config.stats_logger, run_dir(config, "logs"), total_steps=total_steps,
-                         start_step=start_step - 1 if info else None)
+                         start_step=start_step if info else None)
+    ids_log = SampleIdLog(run_dir(config, "logs"), start_step if info else None, rank)
     if valid_rows and info is None and rank == 0:
         logger.commit(0, evaluate(eval_rollout, eval_workflow, valid_rows, config.evaluator))
-    epoch_iter = iter(())
+    idle_meter = RolloutIdleMeter(rollout)  # rollout/idle_ratio: no episode in flight
     for step in range(start_step, total_steps):
         epoch = step // ft.steps_per_epoch
         t0 = time.perf_counter()
@@ -122,12 +131,7 @@ def main(argv: list[str] | None = None) -> int:
             if config.async_training:
                 batch = rollout.prepare_batch(loader, workflow)
             else:
-                rows = next(epoch_iter, None)
-                if rows is None:
-                    loader.sampler.set_epoch(epoch)
-                    epoch_iter = iter(loader)
-                    rows = next(epoch_iter)
-                batch = rollout.rollout_batch(rows, workflow)
+                batch = rollout.rollout_batch(cycle.next_rows(loader), workflow)
         with timer("logp"):
             if config.actor.recompute_logprob:
                 batch["prox_logp"] = actor.compute_logp(batch)
@@ -145,17 +149,22 @@ def main(argv: list[str] | None = None) -> int:
         epoch_done = int((step + 1) % ft.steps_per_epoch == 0)
         if saver.check(epochs=epoch_done, steps=1) or step + 1 == total_steps:
             actor.save(SaveLoadMeta(str(run_dir(config, "checkpoints", f"step{step + 1}")), "hf", tokenizer=tokenizer))
-        if checkpointer.check(epochs=epoch_done, steps=1):
-            info = rec.RecoverInfo(step=step, epoch=epoch, epoch_step=step % ft.steps_per_epoch, version=version,
-                                   dataloader_state=loader.state_dict(), saver_state=saver.state_dict(),
-                                   evaluator_state=evaluator.state_dict(), checkpointer_state=checkpointer.state_dict())
-            rec.save_checkpoint(rec.recover_root(config), info, lambda d: actor.save(SaveLoadMeta(str(d), "dcp", with_optim=True)))
         stats.update(batch_rollout_stats(batch, rollout, version, time.perf_counter() - t0))
+        stats.update(idle_meter.take())
         if valid_rows and rank == 0 and (evaluator.check(steps=1) or step + 1 == total_steps):
             stats.update(evaluate(eval_rollout, eval_workflow, valid_rows, config.evaluator))
         stats.update(stats_tracker.export())
+        ids_log.record(step + 1, batch.get("sample_ids"))
         logger.commit(step + 1, stats)
+        # Last, after the step's logs: a crash before it repeats the step, never skips its lines.
+        if checkpointer.check(epochs=epoch_done, steps=1):
+            info = rec.RecoverInfo(step=step, epoch=epoch, epoch_step=step % ft.steps_per_epoch, version=version,
+                                   dataloader_state=loader.state_dict(), saver_state=saver.state_dict(),
+                                   evaluator_state=evaluator.state_dict(), checkpointer_state=checkpointer.state_dict(),
+                                   extra={"data": data_state()})
+            rec.save_checkpoint(rec.recover_root(config), info, lambda d: actor.save(SaveLoadMeta(str(d), "dcp", with_optim=True)))
 
+    idle_meter.close()
     logger.close()
     for engine in (rollout, eval_rollout, actor):
         engine.destroy()
