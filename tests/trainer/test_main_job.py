@@ -14,7 +14,7 @@ from tests.procs import log_tail, spawn
 
 ROOT = Path(__file__).parents[2]
 ETA = 2
-STEPS = 60
+STEPS = 90
 
 
 def _metrics(path: Path) -> list[dict]:
@@ -25,7 +25,7 @@ def _metrics(path: Path) -> list[dict]:
 def test_short_main_job(tmp_path):
     cmd = [
         sys.executable, "-m", "arealite.cli.main", "main-job", f"cluster.fileroot={tmp_path}",
-        f"total_train_steps={STEPS}", "evaluator.freq_steps=30", "trial_name=e2e",
+        f"total_train_steps={STEPS}", "evaluator.freq_steps=45", "trial_name=e2e",
         f"rollout.max_head_offpolicyness={ETA}",
     ]
     with spawn(cmd) as (proc, log):
@@ -51,7 +51,10 @@ def test_short_main_job(tmp_path):
     assert first["logprob_agreement/max_abs_diff"] < 1e-5
     assert abs(first["approx_kl/avg"]) < 1e-6
 
-    # Learning: the reward of the last third beats the first third.
+    # Learning: greedy held-out accuracy rises (0.38 after SFT; 0.5-0.7 here during development)
+    # and the sampled training reward of the last third beats the first third.
+    evals = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
+    assert len(evals) >= 2 and evals[-1] > evals[0] + 0.1, evals
     third = STEPS // 3
     early = sum(r["reward"] for r in steps[:third]) / third
     late = sum(r["reward"] for r in steps[-third:]) / third
