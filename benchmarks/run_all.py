@@ -4,8 +4,7 @@
 
 Runs each benchmark script of ``benchmarks/`` one after the other (in its own process group,
 time-boxed, with its quick mode under ``--quick``): the server throughput, the client overhead,
-the weight sync (which also prints the packing efficiency), a packing benchmark when
-``benchmarks/packing.py`` exists, async versus sync, and any other script here that takes
+the weight sync (which also prints the packing efficiency), async versus sync, and any other script here that takes
 ``--quick``. Each one's headline lines (``... VALUE (target ...)``) become the figures of the
 results page, with their targets, whether each is met, the machine and the command to
 reproduce it. Also writes ``benchmarks/results/run_all[_quick].json``.
@@ -35,7 +34,6 @@ KNOWN: dict[str, str] = {
                        "answers instantly: what the client costs per request.",
     "weight_sync": "Weight upload over a gloo broadcast against memcpy and a bare broadcast, by "
                    "model size; then the packing efficiency of micro-batches on toy-task batches.",
-    "packing": "Packing efficiency of micro-batches.",
     "async_vs_sync": "Async GRPO (eta = 1, 2, 4) against sync on the same model (the main job's "
                      "SFT warm start), data, hyperparameters, processes (one embedded server, one "
                      "trainer) and cores, with long-tailed generation (a fixed 10% of the samples "
