@@ -133,10 +133,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-new-tokens", type=int, default=400)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--quick", action="store_true", help="16 requests, shorter tail, one round")
+    p.add_argument("--quick", action="store_true", help="32 requests, shorter tail, two rounds")
     args = p.parse_args(argv)
     if args.quick:
-        args.n, args.max_new_tokens, args.rounds = 16, 128, 1
+        args.n, args.max_new_tokens, args.rounds = 32, 128, 2
 
     import torch
     from transformers import AutoModelForCausalLM

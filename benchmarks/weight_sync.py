@@ -7,9 +7,10 @@ server does and unpacks each ``flattened_bucket`` into tensors. Measured side by
 - copy:   ``dst.copy_(src)`` of one buffer as large as all parameters (memory-bandwidth bound);
 - bare:   one gloo broadcast of a preallocated buffer of all the bytes (the transport alone);
 - bare/b: the same buckets broadcast from preallocated buffers, the receiver allocating each
-          bucket as a server does (the transport plus the bucketing: our code's floor);
+          bucket anew (as the server did before it reused one receive buffer per group);
 - bcast:  ``engine.upload_weights(meta)`` (gather, flatten, one broadcast per bucket) until the
-          receiver acknowledges it has unpacked every bucket;
+          receiver, running the server's ``receive_broadcast`` with its reused buffer,
+          acknowledges it has unpacked every bucket;
 - disk:   ``engine.upload_weights(meta)`` of type disk (HF safetensors + marker), plus the
           reader's ``safetensors`` load of the directory.
 
@@ -63,21 +64,18 @@ def build_model(out: Path, hidden: int, layers: int, inter: int) -> Path:
 
 def receiver(init: str, group: str, specs_path: str, rounds: int) -> None:
     from arealite.utils.distributed import destroy_custom_process_group, init_custom_process_group
+    from servers.weights import BucketBuffer, receive_broadcast
 
     buckets = json.loads(Path(specs_path).read_text())
     pg = init_custom_process_group("gloo", init, world_size=2, rank=1, group_name=group,
                                    timeout=300)
     ack = torch.zeros(1, dtype=torch.uint8)
+    buf = BucketBuffer()
     for _ in range(rounds):
-        for b in buckets:
-            sizes = [math.prod(s) * torch.empty((), dtype=getattr(torch, d)).element_size()
-                     for _, d, s in b]
-            flat = torch.empty(sum(sizes), dtype=torch.uint8)
-            dist.broadcast(flat, src=0, group=pg)
-            off, out = 0, []
-            for (_n, d, s), nb in zip(b, sizes):  # unpack as a server does
-                out.append(flat[off: off + nb].view(getattr(torch, d)).reshape(s))
-                off += nb
+        for b in buckets:  # receive and unpack exactly as a server does
+            names, dtypes, shapes = zip(*b)
+            receive_broadcast(pg, list(names), list(dtypes), [list(s) for s in shapes],
+                              "flattened_bucket", torch.device("cpu"), buf)
         dist.broadcast(ack, src=1, group=pg)  # "every bucket is in"
     for _ in range(rounds):  # bare, bucketed: the same buckets and allocations, no trainer code
         for b in buckets:
@@ -143,7 +141,7 @@ def measure(model_dir: Path, rounds: int, bucket_mb: float, work: Path) -> dict[
             if r:
                 bcast.append(time.perf_counter() - t0)
         # bare, bucketed: one preallocated buffer per bucket, one broadcast each; the receiver
-        # allocates per bucket exactly as for the upload (and as a server does)
+        # allocates every bucket anew
         bufs = [torch.empty(sum(s.nbytes for s in b), dtype=torch.uint8).random_() for b in specs]
         raw_b = []
         for _ in range(rounds + 1):
@@ -255,9 +253,10 @@ def main() -> None:
               f"{disk / r['copy']:>10.1f}")
     print("copy: memcpy of the same bytes (the memory-bandwidth bound); bare: one gloo broadcast of"
           " one preallocated buffer; bare/b: the same buckets broadcast from preallocated buffers,"
-          " the receiver allocating each bucket as a server does; upload: engine.upload_weights"
-          " until the receiver has unpacked every bucket. upload/bare-b is our code's overhead"
-          " (target <= ~1.3); bare/copy is the transport's own cost.")
+          " the receiver allocating each bucket anew; upload: engine.upload_weights until the"
+          " receiver (the server's receive_broadcast, one reused buffer) has unpacked every"
+          " bucket. upload/bare is our code's overhead over the transport; bare/copy is the"
+          " transport's own cost.")
     s, lg = res["small"], res["large"]
     dm = (lg["mb"] - s["mb"])
     slope_b = (lg["bcast"] - s["bcast"]) / dm

@@ -235,6 +235,7 @@ async def init_weights_update_group(obj: InitGroupReq, request: Request) -> JSON
 async def destroy_weights_update_group(obj: DestroyGroupReq, request: Request) -> JSONResponse:
     st = _st(request)
     pg = st.groups.pop(obj.group_name, None)
+    st.recv_buffers.pop(obj.group_name, None)
     if pg is None:
         return _msg(False, "The group to be destroyed does not exist.")
     try:
@@ -280,8 +281,9 @@ async def update_weights_from_distributed(
             if pg is None:
                 raise KeyError(f"Group {obj.group_name} not in {list(st.groups)}. "
                                "Please call `init_weights_update_group` first.")
+            buf = st.recv_buffers.setdefault(obj.group_name, weights.BucketBuffer())
             named = weights.receive_broadcast(pg, obj.names, obj.dtypes, obj.shapes,
-                                              obj.load_format, st.runner.device)
+                                              obj.load_format, st.runner.device, buf)
         except Exception as e:
             return False, f"Failed to receive weights: {e}"
         try:

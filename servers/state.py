@@ -73,6 +73,7 @@ class ServerState:
     shutting_down: bool = False
     weight_session: str | None = None  # selector of the open begin/end session
     groups: dict[str, Any] = field(default_factory=dict)  # group_name -> process group
+    recv_buffers: dict[str, Any] = field(default_factory=dict)  # group_name -> BucketBuffer
     lock: ModelUpdateLock = field(default_factory=ModelUpdateLock)
     pause_cond: asyncio.Condition = field(default_factory=asyncio.Condition)
 

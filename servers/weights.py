@@ -58,11 +58,32 @@ def init_custom_process_group(
     return pg
 
 
+class BucketBuffer:
+    """A weight-update group's receive buffer for ``flattened_bucket`` calls, grown to the
+    largest bucket and reused. A fresh buffer per bucket page-faults every byte before the
+    broadcast can write it: on CPU that was about half of an upload's time
+    (``benchmarks/weight_sync.py``). Tensors received into it alias it, so they must be copied
+    into the model before the next receive, as the server does within the same call."""
+
+    def __init__(self) -> None:
+        self._buf: torch.Tensor | None = None
+
+    def take(self, nbytes: int, device: torch.device | str) -> torch.Tensor:
+        dev = torch.device(device)
+        b = self._buf
+        if (b is None or b.numel() < nbytes or b.device.type != dev.type
+                or (dev.index is not None and b.device.index != dev.index)):
+            self._buf = None  # free the old one before allocating the larger one
+            b = self._buf = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+        return b[:nbytes]
+
+
 def receive_broadcast(
     pg, names: list[str], dtypes: list[str], shapes: list[list[int]], load_format: str | None,
-    device: torch.device,
+    device: torch.device, buffer: BucketBuffer | None = None,
 ) -> NamedTensors:
-    """Receive one update call's tensors from rank 0: one broadcast per tensor, or one bucket."""
+    """Receive one update call's tensors from rank 0: one broadcast per tensor, or one bucket
+    (into ``buffer`` when given: then the tensors alias it until its next use)."""
     import torch.distributed as dist
 
     if not (len(names) == len(dtypes) == len(shapes)):
@@ -81,7 +102,8 @@ def receive_broadcast(
             offset += nbytes
         if not metas:
             raise ValueError("Cannot create empty tensor bucket")
-        flat = torch.empty(offset, dtype=torch.uint8, device=device)
+        flat = (buffer.take(offset, device) if buffer is not None
+                else torch.empty(offset, dtype=torch.uint8, device=device))
         dist.broadcast(flat, src=0, group=pg)
         return [(n, flat[a:b].view(dt).reshape(sz)) for n, dt, sz, a, b in metas]
     received, handles = [], []

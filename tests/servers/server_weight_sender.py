@@ -3,8 +3,8 @@
     python tests/servers/server_weight_sender.py MODEL_DIR PORT WORLD_SIZE GROUP OUT_DIR
 
 Joins the group the way SGLang's trainer side does (servers.weights.init_custom_process_group,
-gloo), then broadcasts two rounds of perturbed weights: round 1 one broadcast per tensor, round 2
-one flattened uint8 bucket. Each round's tensors are saved to OUT_DIR/round{1,2}.pt first, so the
+gloo), then broadcasts three rounds of perturbed weights: round 1 one broadcast per tensor, round 2
+one flattened uint8 bucket of every tensor, round 3 a smaller bucket of the first half. Each round's tensors are saved to OUT_DIR/round{1,2,3}.pt first, so the
 test can compare what the server holds afterwards.
 """
 
@@ -27,10 +27,12 @@ def main() -> None:
     pg = init_custom_process_group("gloo", f"tcp://127.0.0.1:{port}", int(world), 0, group,
                                    timeout=timedelta(seconds=60))
     print("joined", flush=True)
-    for rnd in (1, 2):
+    for rnd in (1, 2, 3):
         gen = torch.Generator().manual_seed(rnd)
         tensors = [(n, p.detach() + 0.01 * rnd * torch.randn(p.shape, generator=gen))
                    for n, p in model.named_parameters()]
+        if rnd == 3:  # a smaller bucket: the first half of the tensors, into the reused buffer
+            tensors = tensors[: len(tensors) // 2]
         torch.save(dict(tensors), f"{out}/round{rnd}.pt")
         if rnd == 1:
             for _, t in tensors:

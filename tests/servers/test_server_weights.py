@@ -163,6 +163,23 @@ def test_distributed_update_per_tensor_and_bucket_with_spans(server, tiny_model_
         for name in ("model.norm.weight", "model.embed_tokens.weight"):
             assert torch.equal(weights_of(server, name), sent2[name][:1000])
         assert requests.get(f"{server}/model_info", timeout=10).json()["weight_version"] == "2"
+
+        # Round 3: a smaller bucket (first half of the tensors) lands in the reused receive
+        # buffer; the second half keeps round 2's values.
+        half = len(names) // 2
+        assert post(server, "/begin_weight_update", {}).json()["success"] is True
+        up = post(server, "/update_weights_from_distributed",
+                  {**meta, "names": names[:half], "dtypes": meta["dtypes"][:half],
+                   "shapes": shapes[:half], "load_format": "flattened_bucket",
+                   "weight_version": "3"}, 90)
+        assert up.status_code == 200, (up.text, log_tail(log))
+        assert post(server, "/end_weight_update", {}).json()["success"] is True
+        sent3 = torch.load(tmp_path / "round3.pt")
+        assert set(sent3) == set(names[:half])
+        for name in (names[0], names[half - 1]):
+            assert torch.equal(weights_of(server, name), sent3[name][:1000])
+        for name in (names[half], names[-1]):
+            assert torch.equal(weights_of(server, name), sent2[name][:1000])
         proc.wait(timeout=60)
         assert proc.returncode == 0, log_tail(log)
     bye = post(server, "/destroy_weights_update_group", {"group_name": group})
@@ -232,3 +249,15 @@ def test_pause_modes(server):
         for item in res["out"]:
             assert item["meta_info"]["finish_reason"] == {"type": "length", "length": 300}
             assert item["meta_info"]["num_retractions"] == (1 if mode == "retract" else 0)
+
+
+def test_bucket_buffer_grows_and_is_reused():
+    from servers.weights import BucketBuffer
+
+    buf = BucketBuffer()
+    a = buf.take(100, "cpu")
+    assert a.shape == (100,) and a.dtype == torch.uint8
+    b = buf.take(40, torch.device("cpu"))  # smaller: a view of the same storage
+    assert b.shape == (40,) and b.data_ptr() == a.data_ptr()
+    c = buf.take(300, "cpu")  # larger: a new buffer, kept for later calls
+    assert c.shape == (300,) and buf.take(300, "cpu").data_ptr() == c.data_ptr()
