@@ -33,7 +33,7 @@ from arealite.api.engine_api import InferenceEngine
 from arealite.api.io_struct import ModelRequest, ModelResponse
 from arealite.utils.data import pad_sequences_to_tensors
 from workflows.prompting import check_response, sample_id
-from workflows.rlvr import RLVRWorkflow
+from workflows.rlvr import RLVRWorkflow, trajectory_row
 
 
 def is_tail(seed: int, key: str, index: int, fraction: float) -> bool:
@@ -106,19 +106,8 @@ class LongTailRLVRWorkflow(RLVRWorkflow):
             for c, r, k in zip(completions, resps, kept)
         ))
         sid = sample_id(data)
-        rows = []
-        for resp, k, reward in zip(resps, kept, rewards):
-            n_in, n_out = len(prompt_ids), len(resp.output_tokens)
-            row = {
-                "input_ids": list(prompt_ids) + list(resp.output_tokens),
-                "loss_mask": [0] * n_in + [1] * k + [0] * (n_out - k),
-                "logprobs": [0.0] * n_in + [float(x) for x in resp.output_logprobs],
-                "versions": [-1] * n_in + [int(v) for v in resp.output_versions],
-                "rewards": float(reward),
-            }
-            if sid is not None:
-                row["sample_ids"] = sid
-            rows.append(row)
+        rows = [trajectory_row(prompt_ids, resp, reward, sid, k)
+                for resp, k, reward in zip(resps, kept, rewards)]
         if self.dump_dir:
             await self._dump(data, group, prompt_text, completions, resps, rewards)
         return pad_sequences_to_tensors(rows)

@@ -25,6 +25,24 @@ from workflows.prompting import (
 from workflows.reward_pool import check_reward_fn, compute_reward
 
 
+def trajectory_row(prompt_ids: list[int], resp: ModelResponse, reward: float, sid: Any = None,
+                   n_trained: int | None = None) -> dict:
+    """One trajectory row: the prompt (no loss, version -1) then the output, of which the first
+    ``n_trained`` tokens (default: all) carry the loss."""
+    n_in, n_out = len(prompt_ids), len(resp.output_tokens)
+    k = n_out if n_trained is None else n_trained
+    row = {
+        "input_ids": list(prompt_ids) + list(resp.output_tokens),
+        "loss_mask": [0] * n_in + [1] * k + [0] * (n_out - k),
+        "logprobs": [0.0] * n_in + [float(x) for x in resp.output_logprobs],
+        "versions": [-1] * n_in + [int(v) for v in resp.output_versions],
+        "rewards": float(reward),
+    }
+    if sid is not None:
+        row["sample_ids"] = sid
+    return row
+
+
 class RLVRWorkflow(RolloutWorkflow):
     """One prompt -> ``gconfig.n_samples`` scored samples (a GRPO group).
 
@@ -104,19 +122,7 @@ class RLVRWorkflow(RolloutWorkflow):
             for c, r in zip(completions, resps)
         ))
         sid = sample_id(data)
-        rows = []
-        for resp, reward in zip(resps, rewards):
-            n_in, n_out = len(prompt_ids), len(resp.output_tokens)
-            row = {
-                "input_ids": list(prompt_ids) + list(resp.output_tokens),
-                "loss_mask": [0] * n_in + [1] * n_out,
-                "logprobs": [0.0] * n_in + [float(x) for x in resp.output_logprobs],
-                "versions": [-1] * n_in + [int(v) for v in resp.output_versions],
-                "rewards": float(reward),
-            }
-            if sid is not None:
-                row["sample_ids"] = sid
-            rows.append(row)
+        rows = [trajectory_row(prompt_ids, resp, reward, sid) for resp, reward in zip(resps, rewards)]
         if self.dump_dir:
             await self._dump(data, group, prompt_text, completions, resps, rewards)
         return pad_sequences_to_tensors(rows)
