@@ -30,7 +30,7 @@ StopReason = Literal["length", "stop", "abort"]
 DISK_READY_MARKER = "arealite_weights_ready.json"
 
 
-@dataclass
+@dataclass(slots=True)
 class ModelRequest:
     """One generation request: a prompt as token ids plus sampling settings."""
 
@@ -69,7 +69,7 @@ class ModelRequest:
 LLMRequest = ModelRequest
 
 
-@dataclass
+@dataclass(slots=True)
 class ModelResponse:
     """The outcome of one request; ``output_versions`` has one version per output token."""
 

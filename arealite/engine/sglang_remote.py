@@ -203,42 +203,60 @@ class RemoteSGLangEngine(InferenceEngine):
             )
         start_version = self._version
         t0 = time.monotonic()
-        resp = ModelResponse(input_tokens=list(req.input_ids))
-        ttft = None
+        # The response's own copy of the prompt (never mutated) is also the first body's
+        # input_ids: the prompt is copied once per request.
+        prompt = list(req.input_ids)
+        seg, addr = await self._generate_segment(
+            req.rid, prompt, g, g.max_new_tokens, start_version
+        )
+        if seg.finish_type != "abort":  # the usual case: one segment, its lists used as they are
+            latency = time.monotonic() - t0
+            return ModelResponse(
+                prompt, seg.output_ids, seg.logprobs, seg.versions, seg.finish_type,
+                latency, latency, addr,
+            )
+        resp = ModelResponse(prompt, seg.output_ids, seg.logprobs, seg.versions, server=addr)
+        return await self._resume(req, resp, seg, t0, start_version)
+
+    async def _resume(
+        self, req: ModelRequest, resp: ModelResponse, seg: Segment, t0: float, start_version: int
+    ) -> ModelResponse:
+        """Continue a request whose first segment was aborted (a pause for a weight update, or
+        an abort before prefill) until it finishes; each segment's tokens are appended once."""
+        g = req.gconfig
+        ttft = time.monotonic() - t0 if seg.output_ids else None
         empty_aborts = 0
         while True:
-            remaining = g.max_new_tokens - len(resp.output_tokens)
-            # First segment: the response's own copy of the prompt (never mutated) is the body's
-            # input_ids, so the prompt is copied once per request, not once more per segment.
-            prefix = resp.input_tokens + resp.output_tokens if resp.output_tokens else resp.input_tokens
-            seg, addr = await self._generate_segment(req.rid, prefix, g, remaining, start_version)
-            if resp.output_tokens:
-                resp.output_tokens += seg.output_ids
-                resp.output_logprobs += seg.logprobs
-                resp.output_versions += seg.versions
-            else:  # the usual single segment: no copies
-                resp.output_tokens = seg.output_ids
-                resp.output_logprobs = seg.logprobs
-                resp.output_versions = seg.versions
-            resp.server = addr
-            if ttft is None and seg.output_ids:
-                ttft = time.monotonic() - t0
             if seg.finish_type != "abort":
                 resp.stop_reason = seg.finish_type
                 break
             if len(resp.output_tokens) >= g.max_new_tokens:
                 resp.stop_reason = "length"  # cut exactly at the last token
                 break
-            # Aborted (a pause, or an abort before prefill): resume once the engine runs again.
             empty_aborts = empty_aborts + 1 if not seg.output_ids else 0
             if empty_aborts > MAX_EMPTY_ABORTS:
                 raise GenerationError(
                     f"request {req.rid}: aborted {empty_aborts} times in a row before producing a "
-                    f"token (last: {seg.finish_message!r} from {addr})"
+                    f"token (last: {seg.finish_message!r} from {resp.server})"
                 )
             await self._wait_unpaused(req.rid)
             if empty_aborts:  # repeated empty aborts while not paused: do not spin
                 await asyncio.sleep(min(0.05 * empty_aborts, 1.0))
+            remaining = g.max_new_tokens - len(resp.output_tokens)
+            prefix = resp.input_tokens + resp.output_tokens
+            seg, resp.server = await self._generate_segment(
+                req.rid, prefix, g, remaining, start_version
+            )
+            if resp.output_tokens:
+                resp.output_tokens += seg.output_ids
+                resp.output_logprobs += seg.logprobs
+                resp.output_versions += seg.versions
+            else:  # nothing before (an abort before prefill): no copies
+                resp.output_tokens = seg.output_ids
+                resp.output_logprobs = seg.logprobs
+                resp.output_versions = seg.versions
+            if ttft is None and seg.output_ids:
+                ttft = time.monotonic() - t0
         resp.latency = time.monotonic() - t0
         resp.ttft = resp.latency if ttft is None else ttft
         return resp
@@ -263,24 +281,26 @@ class RemoteSGLangEngine(InferenceEngine):
             input_ids, g, max_new, f"{rid}-{next(self._segment_ids)}", g.max_new_tokens - max_new
         )
         session, watch = self._sessions.get_with_watch()
+        pool = self.pool
         errors: list[tuple[str, str]] = []
         tried: set[str] = set()
         attempts = self.config.request_retries + 1
-        timeout = self.config.request_timeout
         for attempt in range(attempts):
             if attempt:  # backoff: 0.1, 0.2, 0.4, ... 2 s
                 await asyncio.sleep(min(0.1 * 2 ** (attempt - 1), 2.0))
             try:
-                addr = self.pool.choose(rid, exclude=tried, acquire=True)
+                addr = pool.choose(rid, exclude=tried, acquire=True)
             except NoHealthyServer as e:
                 errors.append(("pool", str(e)))
                 # wait for the health probe to re-admit a server
                 await asyncio.sleep(self.config.health_check_interval)
                 continue
-            deadline = time.monotonic() + timeout
             ok = False
             try:
-                res = await post_json_deadline(session, watch, self._urls[addr], payload, deadline)
+                res = await post_json_deadline(
+                    session, watch, self._urls[addr], payload,
+                    time.monotonic() + self.config.request_timeout,
+                )
                 if res.status == 200:
                     seg = parse_generate_response(res.body, start_version)
                     ok = True
@@ -294,8 +314,8 @@ class RemoteSGLangEngine(InferenceEngine):
             except (ProtocolError, *TRANSPORT_ERRORS) as e:
                 reason = describe_error(e)
             finally:
-                self.pool.release(addr, success=ok)
-            self.pool.record_failure(addr, reason)
+                pool.release(addr, success=ok)
+            pool.record_failure(addr, reason)
             errors.append((addr, reason))
             tried.add(addr)
             logger.warning("request %s failed on %s (%s); retrying elsewhere", rid, addr, reason)
