@@ -109,20 +109,21 @@ def run_overrides(name: str, a: argparse.Namespace, model: Path, data: Path, exp
     ]
 
 
-def launch_run(name: str, a: argparse.Namespace, model: Path, data: Path, experiment: str
-               ) -> tuple[Path, dict[str, Any]]:
-    """One run through the local launcher; returns its metrics.jsonl and what the machine did:
-    the 1-minute load average when it started (other work skews every figure) and the cores its
-    processes used."""
+def launch_run(name: str, a: argparse.Namespace, model: Path, data: Path, experiment: str,
+               trial: str | None = None, extra: tuple[str, ...] = ()) -> tuple[Path, dict[str, Any]]:
+    """One run (``RUNS[name]``, as ``trial``, with ``extra`` overrides last) through the local
+    launcher; returns its metrics.jsonl and what the machine did: the 1-minute load average when
+    it started (other work skews every figure) and the cores its processes used."""
     from arealite.launcher.local import main as launch
 
-    out = Path(a.fileroot) / experiment / name
+    trial = trial or name
+    out = Path(a.fileroot) / experiment / trial
     shutil.rmtree(out, ignore_errors=True)  # metrics.jsonl is appended to: start clean
     out.mkdir(parents=True)
-    argv = [CONFIG, *run_overrides(name, a, model, data, experiment)]
+    argv = [CONFIG, *run_overrides(name, a, model, data, experiment), f"trial_name={trial}", *extra]
     console = out / "console.log"
     t0, load = time.monotonic(), os.getloadavg()[0]
-    print(f"== {name} (load average {load:.1f}): arealite train {' '.join(argv)}", flush=True)
+    print(f"== {trial} (load average {load:.1f}): arealite train {' '.join(argv)}", flush=True)
     cores = CoreMeter(out / "logs" / "metrics.jsonl", a.steps)
     try:
         if a.verbose:
@@ -134,7 +135,7 @@ def launch_run(name: str, a: argparse.Namespace, model: Path, data: Path, experi
         used = cores.close()
     if code != 0:
         tail = console.read_text().splitlines()[-30:] if console.exists() else []
-        raise SystemExit(f"run {name} failed (exit {code}); last lines of {console}:\n" + "\n".join(tail))
+        raise SystemExit(f"run {trial} failed (exit {code}); last lines of {console}:\n" + "\n".join(tail))
     print(f"   done in {time.monotonic() - t0:.0f}s (logs: {out / 'logs'}); cores used: "
           + ", ".join(f"{k} {v:.2f}" for k, v in sorted(used.items())), flush=True)
     return out / "logs" / "metrics.jsonl", {"load_1m": load, "cores": used}
@@ -240,7 +241,8 @@ def explain(runs: dict[str, dict[str, Any]], head: dict[str, Any], prof: list[di
             f"the behaviour importance weight (masked above behav_imp_weight_cap); naive PPO clips "
             f"the ratio to the stale behaviour policy ({naive['clip_ratio']:.3f} of the tokens), a "
             f"trust region around the data. AReaL's setting has several minibatches per step, where "
-            f"the proximal clip does bind.")
+            f"the proximal clip does bind: `benchmarks/staleness_ablation.py` repeats this "
+            f"comparison there (4 minibatches), over seeds.")
     if len(prof) >= 2:
         a, b = prof[0], prof[-1]
         ta, tb = a["logp"] + a["update"], b["logp"] + b["update"]

@@ -45,6 +45,10 @@ KNOWN: dict[str, str] = {
                      "pipelined time N*max(G,T)+min(G,T), from the sync run's generate (G) and "
                      "train (T) phase times, over the achieved wall-clock. Exact definitions: "
                      "`benchmarks/rl_metrics.py`.",
+    "staleness_ablation": "AReaL's staleness finding over seeds: sync, eta = 4 with the decoupled "
+                          "loss and eta = 4 with naive PPO, on the async_vs_sync workload with "
+                          "several PPO minibatches per step (where the proximal clip binds); final "
+                          "held-out reward per seed, mean and standard error, paired differences.",
 }
 HELPERS = {"__init__", "run_all", "report", "rl_metrics", "longtail_workflow", "run_probes"}
 
@@ -125,6 +129,29 @@ def full_run_entry(r: dict[str, Any]) -> dict[str, Any] | None:
     return {"name": f"async_vs_sync, last full run ({r['settings']['steps']} steps)",
             "command": r["command"], "status": f"ran {r['date']}", "seconds": None, "figures": figs,
             "notes": [], "about": "Its tables and analysis: section \"async vs sync: last full run\" below."}
+
+
+def ablation_full_entry(r: dict[str, Any]) -> dict[str, Any] | None:
+    """The last full staleness ablation's figures (over seeds), as a row group of the summary."""
+    rel, st = r.get("relative_to_sync") or {}, r.get("settings") or {}
+    if "decoupled" not in rel:
+        return None
+    eta, seeds = st.get("eta"), st.get("seeds") or []
+    gap, se = r.get("decoupled_minus_naive", [float("nan"), float("nan")])
+    figs = [{"benchmark": "staleness_ablation", "name": f"decoupled loss at eta={eta}, final reward / sync",
+             "value": f"{rel['decoupled']:.3f}", "target": ">= 0.95", "met": rel["decoupled"] >= 0.95}]
+    about = (f"Naive PPO at eta={eta}: final reward / sync {rel['naive']:.3f}; decoupled - naive "
+             f"{gap:+.3f} ± {se:.3f} (AReaL's finding that naive PPO falls below: "
+             f"{r.get('verdict')})")
+    if "decoupled_minus_naive_train" in r:
+        tg, tse = r["decoupled_minus_naive_train"]
+        about += (f"; on the training reward of the last 10% of steps (less noisy) decoupled - naive "
+                  f"{tg:+.3f} ± {tse:.3f} ({r.get('verdict_train')})")
+    about += ". Per-seed table: `benchmarks/results/staleness_ablation.json`."
+    return {"name": f"staleness_ablation, last full run ({st.get('steps')} steps, "
+                    f"{len(seeds)} seeds, {st.get('ppo_minibatches')} minibatches)",
+            "command": r["command"], "status": f"ran {r['date']}", "seconds": None, "figures": figs,
+            "notes": [], "about": about}
 
 
 def keep_line(line: str) -> bool:
@@ -294,6 +321,13 @@ def write_page(a: argparse.Namespace, results: list[dict[str, Any]], machine: di
     if entry:
         i = next((k + 1 for k, r in enumerate(results) if r["name"] == "async_vs_sync"), len(results))
         results = [*results[:i], entry, *results[i:]]
+    abl = HERE / "results" / "staleness_ablation.json"
+    abl_entry = (ablation_full_entry(json.loads(abl.read_text()))
+                 if a.quick and abl.is_file() and "staleness_ablation" in names else None)
+    if abl_entry:
+        i = next((k + 1 for k, r in enumerate(results) if r["name"] == "staleness_ablation"),
+                 len(results))
+        results = [*results[:i], abl_entry, *results[i:]]
     prof = profile_section(full_r) if full_r else None
     if prof:
         sections.append(("Profile before tuning: what changed and by how much", prof))
