@@ -147,11 +147,22 @@ def ablation_full_entry(r: dict[str, Any]) -> dict[str, Any] | None:
         tg, tse = r["decoupled_minus_naive_train"]
         about += (f"; on the training reward of the last 10% of steps (less noisy) decoupled - naive "
                   f"{tg:+.3f} ± {tse:.3f} ({r.get('verdict_train')})")
-    about += ". Per-seed table: `benchmarks/results/staleness_ablation.json`."
+    summ = r.get("summary") or {}
+    if {"sync", "decoupled"} <= set(summ) and summ["sync"].get("behave_kl"):
+        # why the decoupled loss still loses reward here: how far the data lag behind
+        about += (f". Behaviour KL (sampling policy to the policy being updated) averages "
+                  f"{summ['decoupled']['behave_kl']:.3f} in the decoupled runs against "
+                  f"{summ['sync']['behave_kl']:.4f} in sync: at this learning rate {eta} versions "
+                  f"of lag is a long way in policy space")
+    about += ". Per-seed figures below; all of them in `benchmarks/results/staleness_ablation.json`."
+    notes = [f"{c}: final held-out reward per seed "
+             + " ".join(f"{v:.3f}" for v in x.get("finals", []))
+             + f"; mean {x['mean']:.3f} ± {x['se']:.3f}; clip ratio {x.get('clip_ratio', 0):.3f}; "
+             f"behaviour KL {x.get('behave_kl', 0):.4f}" for c, x in summ.items()]
     return {"name": f"staleness_ablation, last full run ({st.get('steps')} steps, "
                     f"{len(seeds)} seeds, {st.get('ppo_minibatches')} minibatches)",
             "command": r["command"], "status": f"ran {r['date']}", "seconds": None, "figures": figs,
-            "notes": [], "about": about}
+            "notes": notes, "about": about}
 
 
 def keep_line(line: str) -> bool:

@@ -52,10 +52,12 @@ def test_verdict_follows_two_standard_errors(tmp_path, capsys, naive, verdict):
     assert "decoupled loss at eta=4, final reward / sync: 0.988 (target >= 0.95)" in out
 
 
-def test_one_seed_tests_nothing(tmp_path):
+def test_one_seed_tests_nothing(tmp_path, capsys):
     runs = _runs({"sync": [0.8], "decoupled": [0.5], "naive": [0.9]})
     res = staleness_ablation.report(_args(tmp_path, [1]), runs, "_t")
     assert res["verdict"].startswith("not tested")
+    # no "(target ...)" line: the results page takes no figure from a smoke run
+    assert run_all.parse_figures("staleness_ablation", capsys.readouterr().out) == []
 
 
 def test_results_page_entry(tmp_path):
@@ -80,3 +82,12 @@ def test_resume_keeps_runs_of_the_same_settings_only(tmp_path, capsys):
     other.lr = 1e-4  # a different learning rate: nothing is comparable
     assert staleness_ablation.resumable_runs(path, other) == {c: {} for c in staleness_ablation.CONFIGS}
     assert "other lr" in capsys.readouterr().out
+
+
+def test_results_page_entry_lists_every_seed(tmp_path):
+    runs = _runs({"sync": [0.82, 0.80, 0.81], "decoupled": [0.70, 0.71, 0.69],
+                  "naive": [0.60, 0.59, 0.61]})
+    entry = run_all.ablation_full_entry(staleness_ablation.report(_args(tmp_path, [1, 2, 3]), runs, ""))
+    assert [n.split(":")[0] for n in entry["notes"]] == ["sync", "decoupled", "naive"]
+    assert "0.700 0.710 0.690" in entry["notes"][1]
+    assert "training reward" in entry["about"] and "Behaviour KL" in entry["about"]
