@@ -149,18 +149,19 @@ def ablation_full_entry(r: dict[str, Any]) -> dict[str, Any] | None:
                   f"{tg:+.3f} ± {tse:.3f} ({r.get('verdict_train')})")
     summ = r.get("summary") or {}
     if {"sync", "decoupled"} <= set(summ) and summ["sync"].get("behave_kl"):
-        # why the decoupled loss still loses reward here: how far the data lag behind
+        # how far the data lag behind: the larger the step per version, the more eta costs
         about += (f". Behaviour KL (sampling policy to the policy being updated) averages "
                   f"{summ['decoupled']['behave_kl']:.3f} in the decoupled runs against "
-                  f"{summ['sync']['behave_kl']:.4f} in sync: at this learning rate {eta} versions "
-                  f"of lag is a long way in policy space")
+                  f"{summ['sync']['behave_kl']:.4f} in sync: how far {eta} versions of lag "
+                  f"are in policy space at this learning rate")
     about += ". Per-seed figures below; all of them in `benchmarks/results/staleness_ablation.json`."
     notes = [f"{c}: final held-out reward per seed "
              + " ".join(f"{v:.3f}" for v in x.get("finals", []))
              + f"; mean {x['mean']:.3f} ± {x['se']:.3f}; clip ratio {x.get('clip_ratio', 0):.3f}; "
              f"behaviour KL {x.get('behave_kl', 0):.4f}" for c, x in summ.items()]
+    lr = f"lr {st['lr']:g}" if st.get("lr") else "the main job's lr"
     return {"name": f"staleness_ablation, last full run ({st.get('steps')} steps, "
-                    f"{len(seeds)} seeds, {st.get('ppo_minibatches')} minibatches)",
+                    f"{len(seeds)} seeds, {st.get('ppo_minibatches')} minibatches, {lr})",
             "command": r["command"], "status": f"ran {r['date']}", "seconds": None, "figures": figs,
             "notes": notes, "about": about}
 
@@ -332,13 +333,15 @@ def write_page(a: argparse.Namespace, results: list[dict[str, Any]], machine: di
     if entry:
         i = next((k + 1 for k, r in enumerate(results) if r["name"] == "async_vs_sync"), len(results))
         results = [*results[:i], entry, *results[i:]]
-    abl = HERE / "results" / "staleness_ablation.json"
-    abl_entry = (ablation_full_entry(json.loads(abl.read_text()))
-                 if a.quick and abl.is_file() and "staleness_ablation" in names else None)
-    if abl_entry:
+    # every full ablation kept (the main job's learning rate, and any other one run), in order
+    ablations = sorted(p for p in (HERE / "results").glob("staleness_ablation*.json")
+                       if "_quick" not in p.name)
+    abl_entries = [e for p in ablations if a.quick and "staleness_ablation" in names
+                   for e in [ablation_full_entry(json.loads(p.read_text()))] if e]
+    if abl_entries:
         i = next((k + 1 for k, r in enumerate(results) if r["name"] == "staleness_ablation"),
                  len(results))
-        results = [*results[:i], abl_entry, *results[i:]]
+        results = [*results[:i], *abl_entries, *results[i:]]
     prof = profile_section(full_r) if full_r else None
     if prof:
         sections.append(("Profile before tuning: what changed and by how much", prof))

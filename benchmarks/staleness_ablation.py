@@ -24,7 +24,7 @@ PPO places around the stale behaviour policy instead. ``seed`` and the server's
 
 Prints the final held-out reward of every run, each configuration's mean and standard error
 over seeds, and the paired (same seed) difference to sync; writes
-``benchmarks/results/staleness_ablation[_quick].json``. ``--resume`` keeps the runs that file
+``benchmarks/results/staleness_ablation[_quick][_lrLR].json``. ``--resume`` keeps the runs that file
 already holds for the same settings and launches only the missing ones, so seeds can be added
 (``--seeds 1,2,3,4,5 --resume``) without repeating the first three.
 """
@@ -97,6 +97,20 @@ def decoupled_vs_naive(summary: dict[str, Any], n_seeds: int) -> tuple[float, fl
                          else f"not resolved with {n_seeds} seeds")
 
 
+def reproducing_argv(argv: list[str]) -> list[str]:
+    """The arguments that decide the runs: without ``--resume`` (it only skipped some of them)
+    or where the results were written."""
+    out, skip = [], False
+    for x in argv:
+        if skip:
+            skip = False
+        elif x == "--results-dir":
+            skip = True
+        elif x != "--resume" and not x.startswith("--results-dir="):
+            out.append(x)
+    return out
+
+
 def report(a: argparse.Namespace, runs: dict[str, dict[int, dict[str, Any]]], tag: str) -> dict:
     from benchmarks.report import machine_info
 
@@ -147,7 +161,7 @@ def report(a: argparse.Namespace, runs: dict[str, dict[int, dict[str, Any]]], ta
         "machine": machine_info(),
         # the command that reproduces every run (--resume only skipped some of them)
         "command": " ".join(["python -m benchmarks.staleness_ablation",
-                             *(x for x in a.argv if x != "--resume")]).strip(),
+                             *reproducing_argv(a.argv)]).strip(),
         "settings": {k: getattr(a, k) for k in (*SETTINGS, "seeds")},
         "runs": {c: {str(s): r for s, r in v.items()} for c, v in runs.items()},
         "summary": summary, "relative_to_sync": rel, "decoupled_minus_naive": [gap, gap_se],
@@ -190,7 +204,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     a.fileroot = str(Path(a.fileroot).resolve())
-    tag = "_quick" if a.quick else ""
+    # a learning rate other than the main job's gets its own results file (and page entry)
+    tag = ("_quick" if a.quick else "") + (f"_lr{a.lr:g}" if a.lr else "")
     experiment = "bench-staleness-ablation" + tag.replace("_", "-")
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     model, data = ensure_model(Path(a.fileroot))

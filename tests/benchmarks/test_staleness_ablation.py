@@ -91,3 +91,18 @@ def test_results_page_entry_lists_every_seed(tmp_path):
     assert [n.split(":")[0] for n in entry["notes"]] == ["sync", "decoupled", "naive"]
     assert "0.700 0.710 0.690" in entry["notes"][1]
     assert "training reward" in entry["about"] and "Behaviour KL" in entry["about"]
+
+
+def test_recorded_command_keeps_only_what_decides_the_runs():
+    argv = ["--lr", "1e-4", "--results-dir", "/tmp/x", "--seeds", "1,2", "--resume",
+            "--results-dir=/tmp/y"]
+    assert staleness_ablation.reproducing_argv(argv) == ["--lr", "1e-4", "--seeds", "1,2"]
+
+
+def test_page_entry_names_its_learning_rate(tmp_path):
+    runs = _runs({"sync": [0.82, 0.80, 0.81], "decoupled": [0.80, 0.81, 0.79],
+                  "naive": [0.60, 0.59, 0.61]})
+    a = _args(tmp_path, [1, 2, 3])
+    assert "the main job's lr" in run_all.ablation_full_entry(staleness_ablation.report(a, runs, ""))["name"]
+    a.lr = 1e-4
+    assert "lr 0.0001" in run_all.ablation_full_entry(staleness_ablation.report(a, runs, ""))["name"]
