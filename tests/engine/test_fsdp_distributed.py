@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from arealite.utils.network import find_free_port
+from arealite.utils.network import find_free_port, find_free_ports
 from tests.procs import log_tail, spawn
 
 WORKER = Path(__file__).with_name("fsdp_worker.py")
@@ -19,9 +19,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_ranks(world: int, args: list[str], timeout: float = 120.0,
-              extra: list[list[str]] | None = None) -> None:
-    """Start ``world`` worker ranks (torchrun's env vars) plus ``extra`` commands; wait for all."""
-    port = find_free_port()
+              extra: list[list[str]] | None = None, port: int | None = None) -> None:
+    """Start ``world`` worker ranks (torchrun's env vars, ``MASTER_PORT=port``) plus ``extra``
+    commands; wait for all. On failure every process's exit code and log tail is shown, the
+    one that failed first included (the others are often just left waiting for it)."""
+    port = port or find_free_port()
     cmds = []
     for r in range(world):
         env = {"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(world),
@@ -38,8 +40,13 @@ def run_ranks(world: int, args: list[str], timeout: float = 120.0,
             if any(c not in (None, 0) for c in codes) or all(c == 0 for c in codes):
                 break
             time.sleep(0.1)
-        for p, log in procs:
-            assert p.poll() == 0, f"rc={p.poll()}\n{log_tail(log)}"
+        codes = [p.poll() for p, _ in procs]
+        if any(c != 0 for c in codes):
+            waited = time.monotonic() >= deadline
+            report = [f"process {i} ({' '.join(map(str, cmds[i][0][1:3]))}): rc={c}\n"
+                      f"{log_tail(log)}" for i, (c, (_, log)) in enumerate(zip(codes, procs))]
+            head = f"timed out after {timeout:.0f} s" if waited else "a process failed"
+            pytest.fail(head + "\n" + "\n".join(report))
     finally:
         for ctx in ctxs:
             ctx.__exit__(None, None, None)
@@ -88,7 +95,8 @@ def test_distributed_upload_from_two_ranks_to_a_peer(tiny_model_dir, tmp_path):
     """Both trainer ranks gather, rank 0 broadcasts flattened buckets; the peer (a server's
     stand-in) receives exactly the full parameters, twice over one group. Before that, a
     train step on very uneven ranks (equal micro-batch counts, dummy rows) must not hang."""
-    wport = find_free_port()
+    # the ranks' store and the weight-update group's: two distinct ports picked together
+    port, wport = find_free_ports(2)
     out = tmp_path / "up.pt"
     # the peer needs the bucket layout: compute it the same way the trainer will
     from arealite.engine.fsdp_engine import FSDPEngine
@@ -103,7 +111,7 @@ def test_distributed_upload_from_two_ranks_to_a_peer(tiny_model_dir, tmp_path):
             "--world-size", "2", "--group-name", "wu_fsdp", "--specs", str(tmp_path / "specs.json"),
             "--out", str(tmp_path / "peer.pt"), "--rounds", "2", "--timeout", "60"]
     run_ranks(2, ["--mode", "upload", "--model", str(tiny_model_dir), "--out", str(out),
-                  "--master-port", str(wport)], extra=[peer])
+                  "--master-port", str(wport)], extra=[peer], port=port)
     sent = torch.load(out)
     got = torch.load(tmp_path / "peer.pt")
     assert sent["n_buckets"] > 1 and len(got) == 2
