@@ -66,9 +66,13 @@ class LocalLauncher:
         """The server specs and the trainer spec this run starts (ports chosen now)."""
         mode = self.mode()
         servers: list[ProcSpec] = []
+        n = self.lc.n_servers if mode in ("local", "server_only") else 0
+        # every port at once, so that no two of them can come out the same (the last is the
+        # trainer's rendezvous port)
+        ports = find_free_ports(n + 1)
         if mode in ("local", "server_only"):
             assert isinstance(self.cfg, GRPOConfig)
-            servers = plan.server_specs(self.cfg, find_free_ports(self.lc.n_servers))
+            servers = plan.server_specs(self.cfg, ports[:n])
         if mode == "server_only":
             return servers, None
         if mode == "local":
@@ -76,7 +80,7 @@ class LocalLauncher:
         else:
             addrs = plan.trainer_addrs(self.cfg) if plan.uses_servers(self.cfg) else None
         trainer = plan.trainer_spec(
-            self.cfg, self.config_path, self.overrides, find_free_port(), addrs,
+            self.cfg, self.config_path, self.overrides, ports[n], addrs,
             gpu_offset=plan.trainer_gpu_offset(self.cfg, len(servers)),
         )
         return servers, trainer

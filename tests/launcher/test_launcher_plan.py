@@ -54,6 +54,8 @@ def test_dry_run_of_the_gpu_config_prints_config_and_exact_commands(capsys):
     assert Path(cmd[0]).name == "torchrun" or cmd[1:3] == ["-m", "torch.distributed.run"]
     i = cmd.index("--nproc-per-node")
     assert cmd[i + 1] == "4" and cmd[cmd.index("--master-addr") + 1] == "127.0.0.1"
+    # picked together with the servers' ports, so never one of them
+    assert cmd[cmd.index("--master-port") + 1] not in ports
     assert cmd[cmd.index("-m") + 1:] == ["arealite.trainer.grpo", GPU]
 
 
