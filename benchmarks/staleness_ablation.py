@@ -63,6 +63,11 @@ def run_figures(metrics: Path) -> dict[str, Any]:
                               "clip_ratio", "behave_kl", "staleness_hist", "wall_s")}
 
 
+def results_path(a: argparse.Namespace, tag: str) -> Path:
+    """Where the results of these settings go (and where ``--resume`` reads them back)."""
+    return Path(a.results_dir) / f"staleness_ablation{tag}.json"
+
+
 SETTINGS = ("steps", "eta", "ppo_minibatches", "eval_prompts", "lr")
 
 
@@ -168,7 +173,7 @@ def report(a: argparse.Namespace, runs: dict[str, dict[int, dict[str, Any]]], ta
         "verdict": verdict, "train_reward": train,
         "decoupled_minus_naive_train": [tgap, tgap_se], "verdict_train": tverdict,
     }
-    out = Path(a.results_dir) / f"staleness_ablation{tag}.json"
+    out = results_path(a, tag)
     out.write_text(json.dumps(result, indent=1, default=float) + "\n")
     print(f"\nwrote {out}")
     return result
@@ -210,8 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     model, data = ensure_model(Path(a.fileroot))
     Path(a.results_dir).mkdir(parents=True, exist_ok=True)
-    out = Path(a.results_dir) / f"staleness_ablation{tag}.json"
-    runs = resumable_runs(out, a) if a.resume else {c: {} for c in CONFIGS}
+    runs = resumable_runs(results_path(a, tag), a) if a.resume else {c: {} for c in CONFIGS}
     for seed in a.seeds:
         common = (f"seed={seed}", f"sglang.random_seed={seed}",
                   f"actor.ppo_n_minibatches={a.ppo_minibatches}",
