@@ -19,6 +19,7 @@ lengths. A workflow returns ``None`` to reject an episode (it is counted, never 
 from __future__ import annotations
 
 import enum
+import json
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -28,6 +29,22 @@ from arealite.api.config import GenerationHyperparameters
 StopReason = Literal["length", "stop", "abort"]
 
 DISK_READY_MARKER = "arealite_weights_ready.json"
+_ID_LIST_CHARS = b"0123456789, "  # what the repr of a list of non-negative ints holds
+
+
+def token_ids_json(ids: Any) -> bytes | None:
+    """``ids`` as JSON (UTF-8 bytes) when it is a non-empty list of non-negative ints, else None.
+
+    The repr of such a list is its JSON (``[1, 2, 3]``), and any other item (a negative, a
+    bool, a float, None, a string, a nested list, a numpy scalar) shows as a character other
+    than a digit, a comma or a space between the brackets: so one ``str`` and one C scan both
+    check the ids and encode them, at less than the cost of checking their types alone
+    (the client's per-request hot path).
+    """
+    if type(ids) is not list or not ids:
+        return None
+    text = str(ids).encode()
+    return None if text[1:-1].translate(None, _ID_LIST_CHARS) else text
 
 
 @dataclass(slots=True)
@@ -39,23 +56,30 @@ class ModelRequest:
     gconfig: GenerationHyperparameters = field(default_factory=GenerationHyperparameters)
     metadata: dict[str, Any] = field(default_factory=dict)
 
-    def validate(self) -> None:
-        """Raise ``ValueError`` on a request no server could serve (checked before any HTTP)."""
+    def validate(self) -> bytes:
+        """Raise ``ValueError`` on a request no server could serve (checked before any HTTP);
+        return ``input_ids`` as JSON (bytes), which the engine sends as it is."""
         if not isinstance(self.rid, str) or not self.rid:
             raise ValueError("ModelRequest.rid must be a non-empty string")
-        if not self.input_ids:
-            raise ValueError(f"ModelRequest {self.rid}: input_ids is empty")
         ids = self.input_ids
-        # Fast path first (this runs once per generate call): plain ints, checked in C.
-        plain = isinstance(ids, list) and set(map(type, ids)) == {int}
-        if not plain and any((not isinstance(t, int)) or isinstance(t, bool) for t in ids):
-            raise ValueError(f"ModelRequest {self.rid}: input_ids must be non-negative ints")
-        if min(ids) < 0:
-            raise ValueError(f"ModelRequest {self.rid}: input_ids must be non-negative ints")
+        text = token_ids_json(ids)
+        if text is None:  # not a list of non-negative ints: say what is wrong (or take a tuple)
+            if len(ids) == 0:
+                raise ValueError(f"ModelRequest {self.rid}: input_ids is empty")
+            bad = sorted({type(t).__name__ for t in ids if type(t) is not int})
+            if bad:
+                raise ValueError(
+                    f"ModelRequest {self.rid}: input_ids must be non-negative ints, got "
+                    + ", ".join(bad)
+                )
+            if min(ids) < 0:
+                raise ValueError(f"ModelRequest {self.rid}: input_ids must be non-negative ints")
+            text = json.dumps(list(ids)).encode()
         if not isinstance(self.gconfig, GenerationHyperparameters):
             raise ValueError(f"ModelRequest {self.rid}: gconfig must be GenerationHyperparameters")
         if self.gconfig.max_new_tokens < 0:
             raise ValueError(f"ModelRequest {self.rid}: max_new_tokens must be >= 0")
+        return text
 
     def copy(self) -> ModelRequest:
         return ModelRequest(

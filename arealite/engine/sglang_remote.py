@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import os
 import time
@@ -36,6 +37,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+import aiohttp
 import torch
 
 from arealite.api.config import InferenceEngineConfig
@@ -47,8 +49,7 @@ from arealite.rollout.health import ready_for_readmission
 from arealite.rollout.server_pool import NoHealthyServer, ServerPool
 from arealite.rollout.sglang_protocol import (
     ProtocolError,
-    Segment,
-    generate_payload,
+    encode_generate_body,
     parse_generate_response,
 )
 from arealite.rollout.weight_check import fetch_weights, weight_mismatches
@@ -62,10 +63,11 @@ from arealite.utils.http import (
     RETRYABLE_STATUS,
     TRANSPORT_ERRORS,
     SessionCache,
+    decode_body,
     describe_error,
     error_message,
-    post_json_deadline,
     request_json,
+    uncancel,
 )
 
 logger = logging.getLogger("arealite.engine.sglang_remote")
@@ -75,6 +77,7 @@ logger = logging.getLogger("arealite.engine.sglang_remote")
 MAX_EMPTY_ABORTS = 100
 
 ADDRS_ENV = "AREAL_LLM_SERVER_ADDRS"
+_NO_SERVERS: frozenset[str] = frozenset()
 TensorDict = dict[str, torch.Tensor]
 
 
@@ -193,73 +196,130 @@ class RemoteSGLangEngine(InferenceEngine):
     # ------------------------------------------------------------------ generation
 
     async def agenerate(self, req: ModelRequest) -> ModelResponse:
-        req.validate()
-        if self.pool is None:
+        """One sample for ``req``: segments (a pause for a weight update aborts one; the next
+        resumes with prompt + tokens so far) and, within each, attempts on healthy servers.
+
+        One coroutine frame for all of it, segments and attempts as loops rather than awaited
+        helpers: every await level costs on each resume of the request, and this is the
+        client's per-request hot path (see ``benchmarks/client_overhead.py``).
+        """
+        ids_json = req.validate()
+        pool = self.pool
+        if pool is None:
             raise RuntimeError("RemoteSGLangEngine.initialize() has not been called")
         g = req.gconfig
         if g.n_samples != 1:
             raise ValueError(
                 f"agenerate makes one sample (n_samples={g.n_samples}): call it once per sample"
             )
+        rid, max_new = req.rid, g.max_new_tokens
         start_version = self._version
         t0 = time.monotonic()
-        # The response's own copy of the prompt (never mutated) is also the first body's
-        # input_ids: the prompt is copied once per request.
+        session, watch = self._sessions.get_with_watch()
+        task = asyncio.current_task()
+        # The response's own copy of the prompt (never mutated) is also the first body's ids.
         prompt = list(req.input_ids)
-        seg, addr = await self._generate_segment(
-            req.rid, prompt, g, g.max_new_tokens, start_version
-        )
-        if seg.finish_type != "abort":  # the usual case: one segment, its lists used as they are
-            latency = time.monotonic() - t0
-            return ModelResponse(
-                prompt, seg.output_ids, seg.logprobs, seg.versions, seg.finish_type,
-                latency, latency, addr,
-            )
-        resp = ModelResponse(prompt, seg.output_ids, seg.logprobs, seg.versions, server=addr)
-        return await self._resume(req, resp, seg, t0, start_version)
-
-    async def _resume(
-        self, req: ModelRequest, resp: ModelResponse, seg: Segment, t0: float, start_version: int
-    ) -> ModelResponse:
-        """Continue a request whose first segment was aborted (a pause for a weight update, or
-        an abort before prefill) until it finishes; each segment's tokens are appended once."""
-        g = req.gconfig
-        ttft = time.monotonic() - t0 if seg.output_ids else None
+        body = encode_generate_body(prompt, g, max_new, self._segment_rid(rid), 0, ids_json)
+        tokens: list[int] | None = None  # then the first segment's lists, no copies
+        logprobs: list[float] | None = None
+        versions: list[int] | None = None
+        ttft = None
         empty_aborts = 0
-        while True:
+        while True:  # one pass per segment
+            errors: tuple[tuple[str, str], ...] = ()  # (server, reason) per failed attempt
+            tried: frozenset[str] = _NO_SERVERS
+            for attempt in range(self.config.request_retries + 1):
+                if attempt:  # backoff: 0.1, 0.2, 0.4, ... 2 s
+                    await asyncio.sleep(min(0.1 * 2 ** (attempt - 1), 2.0))
+                try:
+                    addr = pool.choose(rid, tried, True)
+                except NoHealthyServer as e:
+                    errors += (("pool", str(e)),)
+                    # wait for the health probe to re-admit a server
+                    await asyncio.sleep(self.config.health_check_interval)
+                    continue
+                ok = fired = False
+                url = self._urls[addr]
+                try:
+                    watch.add(task, time.monotonic() + self.config.request_timeout)
+                    try:
+                        # what aiohttp's json= sends, with the body already encoded
+                        data = aiohttp.BytesPayload(body, content_type="application/json")
+                        async with session.post(url, data=data) as r:
+                            raw = await r.read()
+                            status = r.status
+                    finally:
+                        fired = watch.remove(task)
+                    if status == 200:
+                        seg = parse_generate_response(json.loads(raw), start_version)
+                        ok = True
+                        break
+                    reason = self._rejection(rid, addr, status, raw, r.headers)
+                except asyncio.CancelledError:
+                    if not fired:  # cancelled from elsewhere, not by our deadline
+                        raise
+                    uncancel(task)
+                    reason = "timed out"
+                except (ProtocolError, json.JSONDecodeError, *TRANSPORT_ERRORS) as e:
+                    reason = describe_error(e)
+                finally:
+                    pool.release(addr, ok)
+                pool.record_failure(addr, reason)
+                errors += ((addr, reason),)
+                tried |= {addr}
+                logger.warning("request %s failed on %s (%s); retrying elsewhere", rid, addr, reason)
+            else:
+                raise GenerationError(
+                    f"request {rid} failed after {attempt + 1} attempt(s): "
+                    + "; ".join(f"{a}: {r}" for a, r in errors),
+                    errors=list(errors),
+                )
+            if not tokens:
+                tokens, logprobs, versions = seg.output_ids, seg.logprobs, seg.versions
+            else:
+                tokens += seg.output_ids
+                logprobs += seg.logprobs
+                versions += seg.versions
             if seg.finish_type != "abort":
-                resp.stop_reason = seg.finish_type
+                stop_reason = seg.finish_type
                 break
-            if len(resp.output_tokens) >= g.max_new_tokens:
-                resp.stop_reason = "length"  # cut exactly at the last token
+            if ttft is None and seg.output_ids:  # else the latency, once finished
+                ttft = time.monotonic() - t0
+            done = len(tokens)
+            if done >= max_new:
+                stop_reason = "length"  # cut exactly at the last token
                 break
             empty_aborts = empty_aborts + 1 if not seg.output_ids else 0
             if empty_aborts > MAX_EMPTY_ABORTS:
                 raise GenerationError(
-                    f"request {req.rid}: aborted {empty_aborts} times in a row before producing a "
-                    f"token (last: {seg.finish_message!r} from {resp.server})"
+                    f"request {rid}: aborted {empty_aborts} times in a row before producing a "
+                    f"token (last: {seg.finish_message!r} from {addr})"
                 )
-            await self._wait_unpaused(req.rid)
+            await self._wait_unpaused(rid)
             if empty_aborts:  # repeated empty aborts while not paused: do not spin
                 await asyncio.sleep(min(0.05 * empty_aborts, 1.0))
-            remaining = g.max_new_tokens - len(resp.output_tokens)
-            prefix = resp.input_tokens + resp.output_tokens
-            seg, resp.server = await self._generate_segment(
-                req.rid, prefix, g, remaining, start_version
+            body = encode_generate_body(
+                prompt + tokens, g, max_new - done, self._segment_rid(rid), done
             )
-            if resp.output_tokens:
-                resp.output_tokens += seg.output_ids
-                resp.output_logprobs += seg.logprobs
-                resp.output_versions += seg.versions
-            else:  # nothing before (an abort before prefill): no copies
-                resp.output_tokens = seg.output_ids
-                resp.output_logprobs = seg.logprobs
-                resp.output_versions = seg.versions
-            if ttft is None and seg.output_ids:
-                ttft = time.monotonic() - t0
-        resp.latency = time.monotonic() - t0
-        resp.ttft = resp.latency if ttft is None else ttft
-        return resp
+        latency = time.monotonic() - t0
+        return ModelResponse(
+            prompt, tokens, logprobs, versions, stop_reason, latency,
+            latency if ttft is None else ttft, addr,
+        )
+
+    def _segment_rid(self, rid: str) -> str:
+        # Each segment has its own server-side rid, so a resubmission never collides with a
+        # server's record of the previous one (next() is atomic: the engine is shared by threads).
+        return f"{rid}-{next(self._segment_ids)}"
+
+    @staticmethod
+    def _rejection(rid: str, addr: str, status: int, raw: bytes, headers: Any) -> str:
+        """The reason a non-200 answer gives for retrying elsewhere; a 4xx that is the
+        request's own fault raises ``GenerationError`` with the server's message instead."""
+        msg = error_message(decode_body(raw, headers.get("Content-Type")))
+        if status not in RETRYABLE_STATUS and status < 500:
+            raise GenerationError(f"request {rid} rejected by {addr} (HTTP {status}): {msg}", status)
+        return f"HTTP {status}: {msg}"
 
     async def _wait_unpaused(self, rid: str) -> None:
         """Wait while the engine is paused, at most ``request_timeout`` seconds."""
@@ -271,59 +331,6 @@ class RemoteSGLangEngine(InferenceEngine):
                     f"({self.config.request_timeout:.0f} s)"
                 )
             await asyncio.sleep(0.05)
-
-    async def _generate_segment(
-        self, rid: str, input_ids: list[int], g, max_new: int, start_version: int
-    ) -> tuple[Segment, str]:
-        """One ``/generate`` call, retried on other healthy servers on transport/5xx errors and
-        timeouts; each attempt is time-boxed by ``request_timeout``."""
-        payload = generate_payload(
-            input_ids, g, max_new, f"{rid}-{next(self._segment_ids)}", g.max_new_tokens - max_new
-        )
-        session, watch = self._sessions.get_with_watch()
-        pool = self.pool
-        errors: list[tuple[str, str]] = []
-        tried: set[str] = set()
-        attempts = self.config.request_retries + 1
-        for attempt in range(attempts):
-            if attempt:  # backoff: 0.1, 0.2, 0.4, ... 2 s
-                await asyncio.sleep(min(0.1 * 2 ** (attempt - 1), 2.0))
-            try:
-                addr = pool.choose(rid, exclude=tried, acquire=True)
-            except NoHealthyServer as e:
-                errors.append(("pool", str(e)))
-                # wait for the health probe to re-admit a server
-                await asyncio.sleep(self.config.health_check_interval)
-                continue
-            ok = False
-            try:
-                res = await post_json_deadline(
-                    session, watch, self._urls[addr], payload,
-                    time.monotonic() + self.config.request_timeout,
-                )
-                if res.status == 200:
-                    seg = parse_generate_response(res.body, start_version)
-                    ok = True
-                    return seg, addr
-                msg = error_message(res.body)
-                if res.status not in RETRYABLE_STATUS and res.status < 500:
-                    raise GenerationError(
-                        f"request {rid} rejected by {addr} (HTTP {res.status}): {msg}", res.status
-                    )
-                reason = f"HTTP {res.status}: {msg}"
-            except (ProtocolError, *TRANSPORT_ERRORS) as e:
-                reason = describe_error(e)
-            finally:
-                pool.release(addr, success=ok)
-            pool.record_failure(addr, reason)
-            errors.append((addr, reason))
-            tried.add(addr)
-            logger.warning("request %s failed on %s (%s); retrying elsewhere", rid, addr, reason)
-        raise GenerationError(
-            f"request {rid} failed after {attempts} attempt(s): "
-            + "; ".join(f"{a}: {r}" for a, r in errors),
-            errors=errors,
-        )
 
     # ------------------------------------------------------------------ health
 

@@ -115,31 +115,32 @@ class ServerPool:
         """A healthy server for ``rid``: its sticky server when healthy and not excluded, else
         the policy's pick among healthy non-excluded servers (or among all healthy ones when
         every healthy server is excluded). Raises ``NoHealthyServer`` when none is healthy.
-        ``acquire`` also counts a call in flight on it (release with ``release``)."""
+        ``acquire`` also counts a call in flight on it (release with ``release``).
+
+        The client's per-request hot path: one lock, no helper calls but the policy's."""
         with self._lock:
-            addr = self._choose_locked(rid, exclude)
+            healthy = self._healthy
+            if not healthy:
+                raise NoHealthyServer("no healthy server in the pool: " + self._describe_locked())
+            sticky = self._sticky if self.sticky and rid is not None else None
+            addr = sticky.get(rid) if sticky is not None else None
+            if addr is not None and self.servers[addr].healthy and addr not in exclude:
+                sticky.move_to_end(rid)
+            else:
+                candidates = [s for s in healthy if s.addr not in exclude] if exclude else healthy
+                state = self.policy.pick(candidates or healthy, self.addrs)
+                if sticky is not None:
+                    known = addr is not None
+                    addr = sticky[rid] = state.addr
+                    if known:  # a new rid is already the most recent
+                        sticky.move_to_end(rid)
+                    elif len(sticky) > self._sticky_capacity:
+                        sticky.popitem(last=False)
+                else:
+                    addr = state.addr
             if acquire:
                 self.servers[addr].inflight += 1
             return addr
-
-    def _choose_locked(self, rid: str | None, exclude: frozenset[str] | set[str]) -> str:
-        healthy = self._healthy
-        if not healthy:
-            raise NoHealthyServer("no healthy server in the pool: " + self._describe_locked())
-        if self.sticky and rid is not None:
-            addr = self._sticky.get(rid)
-            if addr is not None and self.servers[addr].healthy and addr not in exclude:
-                self._sticky.move_to_end(rid)
-                return addr
-        candidates = [s for s in healthy if s.addr not in exclude] if exclude else healthy
-        candidates = candidates or healthy
-        addr = self.policy.pick(candidates, self.addrs).addr
-        if self.sticky and rid is not None:
-            self._sticky[rid] = addr
-            self._sticky.move_to_end(rid)
-            while len(self._sticky) > self._sticky_capacity:
-                self._sticky.popitem(last=False)
-        return addr
 
     def sticky_server(self, rid: str) -> str | None:
         with self._lock:

@@ -133,6 +133,14 @@ class DeadlineWatch:
         )
 
 
+def uncancel(task: asyncio.Task) -> None:
+    """Undo the count of one cancellation (Python >= 3.11 counts them; a no-op before), after
+    a ``DeadlineWatch`` cancellation was turned into a timeout."""
+    undo = getattr(task, "uncancel", None)
+    if undo is not None:
+        undo()
+
+
 class SessionCache:
     """One ``aiohttp.ClientSession`` (and one ``DeadlineWatch``) per running event loop.
 
@@ -150,8 +158,8 @@ class SessionCache:
     def get_with_watch(self) -> tuple[aiohttp.ClientSession, DeadlineWatch]:
         loop = asyncio.get_running_loop()
         last = self._last
-        if last is not None and last[0] is loop and not last[1][0].closed:
-            return last[1]  # hot path: same loop as the previous call
+        if last is not None and last[0] is loop:
+            return last[1]  # hot path: same loop as the previous call (close_current resets it)
         entry = self._per_loop.get(loop)
         if entry is None or entry[0].closed:
             entry = (make_session(), DeadlineWatch())
@@ -170,7 +178,7 @@ class SessionCache:
             await entry[0].close()
 
 
-@dataclass
+@dataclass(slots=True)
 class HTTPResult:
     status: int
     body: Any
@@ -191,40 +199,6 @@ async def request_json(
     async with session.request(method, url, **kwargs) as resp:
         raw = await resp.read()
         return HTTPResult(resp.status, decode_body(raw, resp.headers.get("Content-Type")))
-
-
-async def post_json_deadline(
-    session: aiohttp.ClientSession, watch: DeadlineWatch, url: str, payload: Any, deadline: float
-) -> HTTPResult:
-    """POST on the hot path, time-boxed by ``watch`` (``deadline`` on ``time.monotonic()``).
-
-    Raises ``asyncio.TimeoutError`` when the deadline passes; a cancellation from elsewhere
-    propagates unchanged.
-    """
-    task = asyncio.current_task()
-    watch.add(task, deadline)
-    try:
-        async with session.post(url, json=payload) as resp:
-            raw = await resp.read()
-            status = resp.status
-    except asyncio.CancelledError:
-        if not watch.remove(task):
-            raise
-        uncancel = getattr(task, "uncancel", None)  # Python >= 3.11 counts cancellations
-        if uncancel is not None:
-            uncancel()
-        raise asyncio.TimeoutError(f"no answer from {url} before its deadline") from None
-    except BaseException:
-        watch.remove(task)
-        raise
-    # No await since the last one inside the try, so the watch cannot have fired since.
-    watch.remove(task)
-    if status == 200:
-        try:
-            return HTTPResult(200, json.loads(raw))
-        except ValueError:
-            pass
-    return HTTPResult(status, decode_body(raw, resp.headers.get("Content-Type")))
 
 
 async def call_json(

@@ -1,4 +1,8 @@
+import json
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from arealite.api.config import GenerationHyperparameters
 from arealite.api.io_struct import (
@@ -8,14 +12,17 @@ from arealite.api.io_struct import (
     ParamSpec,
     WeightUpdateMeta,
     WeightUpdateType,
+    token_ids_json,
 )
 
 
 def test_request_validation():
-    ModelRequest(input_ids=[1, 2]).validate()
+    assert json.loads(ModelRequest(input_ids=[1, 2]).validate()) == [1, 2]
+    assert json.loads(ModelRequest(input_ids=(3, 0)).validate()) == [3, 0]  # any int sequence
     assert LLMRequest is ModelRequest
-    for bad in ([], [1, -2], [1, 2.5], [True]):
-        with pytest.raises(ValueError):
+    for bad, named in (([], "empty"), ([1, -2], "non-negative"), ([1, 2.5], "float"),
+                       ([True], "bool"), ([[3]], "list"), (["5"], "str"), ([1, None], "NoneType")):
+        with pytest.raises(ValueError, match=named):
             ModelRequest(input_ids=bad).validate()
     with pytest.raises(ValueError):
         ModelRequest(rid="", input_ids=[1]).validate()
@@ -35,3 +42,19 @@ def test_weight_update_meta():
 def test_specs():
     assert ParamSpec("w", (3, 4), "bfloat16").nbytes == 24
     assert FinetuneSpec(2, 100, 32).total_train_steps == 6
+
+
+@given(st.lists(st.integers(0, 2**64), min_size=1, max_size=50))
+def test_token_ids_json_is_the_json_of_plain_ids(ids):
+    assert json.loads(token_ids_json(ids)) == ids
+
+
+@given(
+    st.lists(st.integers(0, 99), max_size=5),
+    st.sampled_from([-1, True, False, 2.0, None, "7", [3], [], (1,), {"a": 1}, float("nan")]),
+    st.integers(0, 5),
+)
+def test_token_ids_json_refuses_anything_but_non_negative_ints(ids, bad, at):
+    ids.insert(min(at, len(ids)), bad)
+    assert token_ids_json(ids) is None
+    assert token_ids_json([]) is None and token_ids_json(tuple(range(3))) is None

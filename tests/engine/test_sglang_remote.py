@@ -215,6 +215,40 @@ def test_timeout_is_retried_on_another_server(servers, engines):
     assert len(a.bodies("/generate")) == 1
 
 
+def test_broken_200_body_is_retried_on_another_server(servers, engines):
+    a, b = servers(2)
+    a.on_generate = lambda body, i: (200, "<html>proxy error</html>")  # not JSON
+    eng = engines([a, b], sticky_rids=False)
+    r = gen(eng, req(rid="broken"))
+    assert r.server == b.addr and r.output_len == 5
+    assert "JSONDecodeError" in eng.pool.servers[a.addr].last_error
+
+
+def test_cancelling_a_request_propagates_and_releases_its_server(servers, engines):
+    (s,) = servers(1)
+    started = threading.Event()
+
+    async def hang(body, i):
+        started.set()
+        await asyncio.sleep(10)
+        return generate_reply(body)
+
+    s.on_generate = hang
+    eng = engines([s], request_timeout=20)
+    fut = eng.executor.run_coroutine(eng.agenerate(req(rid="c")))
+    assert started.wait(5)
+    fut.cancel()  # a cancellation from elsewhere, not our deadline: no retry, no failure
+    with pytest.raises(Exception) as e:
+        fut.result(5)
+    assert type(e.value).__name__ == "CancelledError"
+    st = eng.pool.servers[s.addr]
+    deadline = time.monotonic() + 5
+    while st.inflight and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert st.inflight == 0 and st.consecutive_failures == 0 and st.healthy
+    assert len(s.bodies("/generate")) == 1
+
+
 def test_request_fails_only_after_retries_naming_each_server(servers, engines):
     a, b = servers(2)
     a.on_generate = lambda body, i: (500, {"error": {"message": "CUDA error: out of memory"}})

@@ -4,16 +4,20 @@ when they are installed), plus the error-shape parser."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import sys
 import types
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from arealite.api.config import GenerationHyperparameters
 from arealite.rollout.sglang_protocol import (
     SAMPLING_KEYS,
     ProtocolError,
+    encode_generate_body,
     generate_payload,
     parse_generate_response,
     parse_version,
@@ -79,6 +83,45 @@ def test_payload_passes_sglang_contract_gate():
         api.GenerateRequest.from_json_value({**body, "sampling_params": {"logprobs": 1}})
 
 
+gconfigs = st.builds(
+    lambda mx, extra, **kw: GenerationHyperparameters(
+        max_new_tokens=mx + extra, min_new_tokens=min(kw.pop("min_new"), mx + extra), **kw
+    ),
+    mx=st.integers(0, 64), extra=st.integers(0, 64), min_new=st.integers(0, 8),
+    greedy=st.booleans(), temperature=st.floats(0, 5) | st.just(float("inf")),
+    top_p=st.floats(1e-6, 1.0), top_k=st.just(-1) | st.integers(1, 100),
+    min_p=st.floats(0, 1), ignore_eos=st.booleans(),
+    frequency_penalty=st.floats(-2, 2) | st.just(0.0),
+    stop_token_ids=st.lists(st.integers(0, 1000), max_size=3),
+    stop=st.none() | st.lists(st.text(max_size=4), max_size=2),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    g=gconfigs,
+    ids=st.lists(st.integers(0, 2**40), min_size=1, max_size=40) | st.tuples(st.integers(0, 9)),
+    rid=st.text(min_size=1, max_size=12),
+    generated=st.integers(0, 8),
+)
+def test_encoded_body_is_the_payload(g, ids, rid, generated):
+    """The hot path's hand-formatted body is the same JSON value as ``generate_payload``
+    (floats, unicode and quotes in rids and stop strings, tuples and inf take the fallback)."""
+    max_new = max(0, g.max_new_tokens - generated)
+    want = json.loads(json.dumps(generate_payload(list(ids), g, max_new, rid, generated)))
+    assert json.loads(encode_generate_body(ids, g, max_new, rid, generated)) == want
+    if isinstance(ids, list):  # with the ids already encoded, as agenerate passes them
+        ids_json = json.dumps(ids).encode()
+        assert json.loads(encode_generate_body(ids, g, max_new, rid, generated, ids_json)) == want
+
+
+def test_encoded_body_passes_sglang_contract_gate():
+    api = sglang_api_types()
+    g = GenerationHyperparameters(max_new_tokens=8, min_new_tokens=2, stop=["x"], stop_token_ids=[3])
+    body = json.loads(encode_generate_body([1, 2, 3], g, 8, "rid-1"))
+    assert api.GenerateRequest.from_json_value(body).input_ids == [1, 2, 3]
+
+
 def test_parse_response_with_spans_and_null_logprob():
     body = response(
         [5, 6, 7, 8], lps=[-0.1, None, -0.3, -0.4], version="2",
@@ -124,6 +167,8 @@ def test_versions_fall_back_to_weight_version_and_engine_version():
 def test_finish_reasons(finish, kind):
     seg = parse_generate_response(response([1], finish=finish), 0)
     assert seg.finish_type == kind
+    message = finish.get("message") if isinstance(finish, dict) else None
+    assert seg.finish_message == (message or "")
 
 
 def test_list_body_and_malformed_answers():
