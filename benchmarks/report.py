@@ -146,7 +146,8 @@ def render_markdown(
     for r in results:
         lines += ["", f"## {r['name']}", "",
                   f"Command: `{r['command']}` ({r['status']}"
-                  + (f", {r['seconds']:.0f} s" if r.get("seconds") else "") + ")."]
+                  + (f", {r['seconds']:.0f} s" if r.get("seconds") else "")
+                  + (f", rerun on {r['date']}" if r.get("date", date) != date else "") + ")."]
         if r.get("about"):
             lines += ["", r["about"]]
         if r.get("notes"):

@@ -312,16 +312,30 @@ def main(argv: list[str] | None = None) -> int:
     log_dir.mkdir(parents=True, exist_ok=True)
     machine = machine_info()
     results = [run_one(n, a.quick, a.timeout, log_dir) for n in names]
-    if not a.only:
-        results += missing_entries(results)
     command = "make bench" if a.quick else "python -m benchmarks.run_all"
     date = time.strftime("%Y-%m-%d %H:%M")
+    whole = not a.only
+    if a.only and out.is_file():  # a rerun of some: the page keeps the others, each dated
+        last = json.loads(out.read_text())
+        results, command, date = merge_rerun(last, results, date), last["command"], last["date"]
+        names, whole = [r["name"] for r in results], True
+    if whole:
+        results += missing_entries(results)
     write_page(a, results, machine, command, date, names)
     out.write_text(json.dumps({"date": date, "machine": machine, "command": command,
                                "results": results}, indent=1) + "\n")
     failed = [r["name"] for r in results if r["status"] not in ("ok", "missing")]
     print(f"wrote {a.doc} and {out}" + (f"; failed: {failed}" if failed else ""))
     return 1 if failed else 0
+
+
+def merge_rerun(last: dict[str, Any], rerun: list[dict[str, Any]], date: str) -> list[dict[str, Any]]:
+    """The last run's entries with those of ``rerun`` replaced (in place, else appended); a
+    rerun entry carries its own ``date``, an older one keeps the date of the run it came from."""
+    fresh = {r["name"]: {**r, "date": date} for r in rerun}
+    kept = [fresh.pop(r["name"], {**r, "date": r.get("date", last["date"])})
+            for r in last["results"] if r["status"] != "missing"]
+    return kept + list(fresh.values())
 
 
 def write_page(a: argparse.Namespace, results: list[dict[str, Any]], machine: dict[str, Any],

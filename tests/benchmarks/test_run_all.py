@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from benchmarks import run_all
+from benchmarks.report import render_markdown
 from benchmarks.rl_metrics import compare, markdown_table, phase_table
 
 
@@ -85,3 +86,21 @@ def test_full_run_entry_and_profile_section():
     assert "the sync step drops from about 2.50 s to 1.20 s" in text
     assert "rises from 1.25x to 1.71x" in text
     assert run_all.full_run_entry({"headline": {}}) is None
+
+
+def test_rerun_of_some_keeps_the_others_and_dates_each():
+    def entry(name, value, **kw):
+        return {"name": name, "command": f"python -m benchmarks.{name} --quick", "status": "ok",
+                "seconds": 3.0, "notes": [], "about": "",
+                "figures": [{"name": "ratio", "value": value, "target": "<= 1", "met": False}], **kw}
+
+    last = {"date": "2026-01-01 00:00", "command": "make bench",
+            "results": [entry("a", "2x"), entry("b", "3x"),
+                        {**entry("gone", "-"), "status": "missing", "figures": []}]}
+    merged = run_all.merge_rerun(last, [entry("b", "0.9x"), entry("new", "1x")], "2026-01-02 10:00")
+    assert [(r["name"], r["figures"][0]["value"], r["date"]) for r in merged] == [
+        ("a", "2x", "2026-01-01 00:00"), ("b", "0.9x", "2026-01-02 10:00"),
+        ("new", "1x", "2026-01-02 10:00")]
+    machine = {"cpu": "CPU", "cores": 2, "torch": "2.13", "gpu": None, "python": "3.11", "os": "Linux"}
+    page = render_markdown(merged, machine, "make bench", [], last["date"])
+    assert "rerun on 2026-01-02 10:00" in page and page.count("rerun on") == 2
