@@ -8,7 +8,9 @@ hidden states into float32 logits. Device and dtype are configuration (``cpu``/`
 
 from __future__ import annotations
 
+import inspect
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -39,6 +41,11 @@ def resolve_dtype(name: str, config_dtype: torch.dtype | str | None) -> torch.dt
         return getattr(torch, config_dtype)
     return torch.float32
 
+
+
+def cache_kwarg(forward: Callable) -> str:
+    """The name under which ``forward`` takes a KV cache: ``cache`` or ``past_key_values``."""
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
 
 class ModelRunner:
     """Owns the model, its tokenizer and the KV cache."""
@@ -94,6 +101,10 @@ class ModelRunner:
         self._lean = layer_types == {"full_attention"} and all(
             hasattr(self.decoder, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb")
         )
+        # transformers >= 5.24 names the decoder's cache argument ``cache`` (``past_key_values``
+        # is deprecated there and goes in 5.40); older versions know only ``past_key_values``.
+        self._cache_kw = cache_kwarg(self.decoder.forward)
+        self._layer_cache_kw = cache_kwarg(self.decoder.layers[0].forward) if self._lean else ""
 
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()
@@ -127,8 +138,8 @@ class ModelRunner:
             input_ids=tokens,
             position_ids=positions,
             attention_mask=mask,
-            past_key_values=self.cache,
             use_cache=False,
+            **{self._cache_kw: self.cache},
         )
         return out.last_hidden_state
 
@@ -143,7 +154,8 @@ class ModelRunner:
         pos_emb = dec.rotary_emb(hidden, positions)
         for layer in dec.layers:
             hidden = layer(hidden, attention_mask=mask, position_embeddings=pos_emb,
-                           position_ids=positions, past_key_values=self.cache, use_cache=False)
+                           position_ids=positions, use_cache=False,
+                           **{self._layer_cache_kw: self.cache})
             if isinstance(hidden, tuple):
                 hidden = hidden[0]
         return dec.norm(hidden)
