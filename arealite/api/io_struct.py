@@ -36,10 +36,11 @@ def token_ids_json(ids: Any) -> bytes | None:
     """``ids`` as JSON (UTF-8 bytes) when it is a non-empty list of non-negative ints, else None.
 
     The repr of such a list is its JSON (``[1, 2, 3]``), and any other item (a negative, a
-    bool, a float, None, a string, a nested list, a numpy scalar) shows as a character other
+    bool, a float, None, a string, a nested list, a numpy 2 scalar) shows as a character other
     than a digit, a comma or a space between the brackets: so one ``str`` and one C scan both
     check the ids and encode them, at less than the cost of checking their types alone
-    (the client's per-request hot path).
+    (the client's per-request hot path). An item that prints as a plain number (a numpy 1
+    integer) is that number in the JSON too.
     """
     if type(ids) is not list or not ids:
         return None
