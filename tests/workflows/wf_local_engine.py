@@ -13,6 +13,7 @@ import torch
 
 from arealite.api.engine_api import InferenceEngine
 from arealite.api.io_struct import ModelRequest, ModelResponse
+from servers.model_runner import cache_kwarg
 
 
 class LocalHFEngine(InferenceEngine):
@@ -20,6 +21,7 @@ class LocalHFEngine(InferenceEngine):
         from transformers import AutoModelForCausalLM
 
         self.model = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
+        self._cache_kw = cache_kwarg(self.model.forward)  # "cache" from transformers 5.24
         self.version = version
         self.requests: list[ModelRequest] = []  # every request seen, in order (for assertions)
         self._lock = threading.Lock()
@@ -38,9 +40,9 @@ class LocalHFEngine(InferenceEngine):
             stop = set(g.stop_token_ids)
             reason = "length"
             for _ in range(g.max_new_tokens):
-                o = self.model(input_ids=ids if past is None else ids[:, -1:], past_key_values=past,
-                               use_cache=True)
-                past = o.past_key_values
+                o = self.model(input_ids=ids if past is None else ids[:, -1:], use_cache=True,
+                               **{self._cache_kw: past})
+                past = getattr(o, self._cache_kw)
                 logits = o.logits[0, -1].float()
                 if g.greedy or g.temperature == 0:
                     tok = int(torch.argmax(logits))
