@@ -17,6 +17,14 @@ import urllib.request
 from pathlib import Path
 
 
+def say(text: str, stream=None) -> None:
+    """One line in one write: the ranks share the launcher's pipe, and ``print`` writes the
+    text and its newline separately, so two ranks' lines can interleave mid-line."""
+    stream = stream or sys.stdout
+    stream.write(text + "\n")
+    stream.flush()
+
+
 def main() -> int:
     from arealite.api.config_loader import load_config
     from arealite.utils.recover import RecoverInfo, recover_root, save_checkpoint, should_recover
@@ -26,7 +34,7 @@ def main() -> int:
     out = Path(cfg.cluster.fileroot)
     mode = os.environ.get("FAKE_TRAINER_MODE", "ok")
     addrs = [a for a in os.environ.get("AREAL_LLM_SERVER_ADDRS", "").split(",") if a]
-    print(f"trainer rank {rank}/{os.environ['WORLD_SIZE']} mode={mode} addrs={addrs}", flush=True)
+    say(f"trainer rank {rank}/{os.environ['WORLD_SIZE']} mode={mode} addrs={addrs}")
     if mode == "ok":
         for a in addrs:
             with urllib.request.urlopen(f"http://{a}/health", timeout=5) as r:
@@ -35,17 +43,17 @@ def main() -> int:
             {"addrs": addrs, "omp": os.environ.get("OMP_NUM_THREADS")}))
         return 0
     if mode == "fail":
-        print(f"boom: trainer rank {rank} cannot continue", file=sys.stderr, flush=True)
+        say(f"boom: trainer rank {rank} cannot continue", sys.stderr)
         return 7
     if mode == "recover":
         with open(out / "trainer_runs.txt", "a") as f:
             f.write(f"{os.getpid()}\n")
         if should_recover(cfg):
-            print("resumed from a recovery checkpoint", flush=True)
+            say("resumed from a recovery checkpoint")
             return 0
         save_checkpoint(recover_root(cfg), RecoverInfo(step=3, epoch=0, epoch_step=3, version=3),
                         rank=rank)
-        print("crashing after a checkpoint", flush=True)
+        say("crashing after a checkpoint")
         return 5
     if mode == "hang":
         child = subprocess.Popen(
