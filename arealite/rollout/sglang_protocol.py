@@ -256,12 +256,7 @@ def parse_generate_response(body: Any, fallback_version: int) -> Segment:
             logprobs = [_NEG_INF if x is None else float(x) for x in logprobs]
         except (TypeError, ValueError) as e:
             raise ProtocolError(f"a logprob is neither a number nor null: {e}") from e
-    fr = meta.get("finish_reason")
-    kind = fr.get("type") if type(fr) is dict else None
-    if kind in FINISH_TYPES and not fr.get("message"):  # the usual shape, without a call
-        msg = ""
-    else:
-        kind, msg = parse_finish_reason(fr)
+    kind, msg = parse_finish_reason(meta.get("finish_reason"))
     return Segment(
         ids, logprobs, token_versions(meta, n, fallback_version), kind, msg,
         meta.get("weight_version"),
