@@ -52,6 +52,8 @@ class Engine:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.paused_mode: str | None = None
+        # memory tags given back by /release_memory_occupation: no step runs until resumed
+        self.memory_released: set[str] = set()
         self._cmds: queue.SimpleQueue = queue.SimpleQueue()
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
@@ -186,15 +188,18 @@ class Engine:
 
     def _run(self) -> None:
         while not self._stop:
-            busy = self.paused_mode is None and bool(self.running or self.waiting)
-            self._drain(block=not busy)
-            if self._stop or self.paused_mode is not None or not (self.running or self.waiting):
+            self._drain(block=not self._runnable())
+            if self._stop or not self._runnable():
                 continue
             try:
                 self._step()
             except Exception as e:  # never leave clients hanging on an engine fault
                 logger.exception("engine step failed")
                 self._fail_all(f"Internal engine error: {e}")
+
+    def _runnable(self) -> bool:
+        return (self.paused_mode is None and not self.memory_released
+                and bool(self.running or self.waiting))
 
     def _drain(self, block: bool) -> None:
         try:
@@ -316,7 +321,9 @@ class Engine:
         dev = logits.device
         vocab = logits.shape[-1]
         self._adjust_logits(seqs, logits)
-        key = tuple(map(id, seqs))
+        # Keyed by serials, never by id(): a freed Sequence's id can be reused by a new one in
+        # the same row, which would then inherit the old row's temperature, top-k and top-p.
+        key = tuple([s.serial for s in seqs])
         if self._batch_key != key:  # the rows changed: rebuild the per-row settings
             params = [s.params for s in seqs]
             self._batch_key = key
@@ -353,7 +360,8 @@ class Engine:
             if p.has_penalty:
                 pen_rows.append(i)
             if p.min_new_tokens > len(s.output_ids):
-                banned = set(p.stop_token_ids) | (set() if p.ignore_eos else self.runner.eos_token_ids)
+                # SGLang's min_new_tokens penalizer bans stop ids and EOS whatever ignore_eos says
+                banned = set(p.stop_token_ids) | self.runner.eos_token_ids
                 if banned:
                     logits[i, torch.tensor(sorted(banned), device=logits.device)] = float("-inf")
         if pen_rows:
@@ -366,7 +374,9 @@ class Engine:
 
     def _check_stop(self, s: Sequence, tok: int) -> dict[str, Any] | None:
         p = s.params
-        if tok in p.stop_token_ids or (not p.ignore_eos and tok in self.runner.eos_token_ids):
+        # ignore_eos turns off every token-based stop, stop_token_ids included (SGLang's
+        # Req._check_token_based_finish returns first thing when it is set).
+        if not p.ignore_eos and (tok in p.stop_token_ids or tok in self.runner.eos_token_ids):
             return {"type": "stop", "matched": tok}
         if p.stop or p.stop_regex:
             tail = self._tail_text(s)

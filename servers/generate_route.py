@@ -65,10 +65,7 @@ def _tokenize(state: ServerState, norm: NormalizedGenerate) -> list[list[int]]:
             ids = tok.encode(item.text, add_special_tokens=True)
             if not ids:
                 raise ValueError("input_ids cannot be empty.")
-        if len(ids) >= ctx:
-            raise ValueError(
-                f"The input ({len(ids)} tokens) is longer than the model's context length ({ctx} tokens)."
-            )
+        ids = _fit_context(ids, item.params, ctx, state.args.allow_auto_truncate)
         if item.return_logprob and item.logprob_start_len > len(ids):
             raise ValueError(
                 f"logprob_start_len ({item.logprob_start_len}) is larger than the input length "
@@ -78,6 +75,29 @@ def _tokenize(state: ServerState, norm: NormalizedGenerate) -> list[list[int]]:
             raise ValueError("stop strings need a tokenizer; the server runs with --skip-tokenizer-init")
         prompts.append(ids)
     return prompts
+
+
+def _fit_context(ids: list[int], params, ctx: int, auto_truncate: bool) -> list[int]:
+    """SGLang's tokenizer-manager length checks: a prompt that fills the context, or a given
+    ``max_new_tokens`` that would run past it, is a 400 unless the server runs with
+    ``--allow-auto-truncate``; then the prompt is cut and ``max_new_tokens`` lowered."""
+    if len(ids) >= ctx:
+        if not auto_truncate:
+            raise ValueError(
+                f"The input ({len(ids)} tokens) is longer than the model's context length ({ctx} tokens)."
+            )
+        ids = ids[: ctx - 1]  # the longest prompt this server admits (max_req_input_len)
+    mnt = params.requested_max_new_tokens
+    if mnt is not None and mnt + len(ids) > ctx:
+        if not auto_truncate:
+            raise ValueError(
+                f"Requested token count exceeds the model's maximum context length of {ctx} "
+                f"tokens. You requested a total of {mnt + len(ids)} tokens: {len(ids)} tokens "
+                f"from the input messages and {mnt} tokens for the completion. Please reduce the "
+                "number of tokens in the input messages or the completion to fit within the limit."
+            )
+        params.max_new_tokens = max(0, ctx - len(ids))
+    return ids
 
 
 def _sequences(norm: NormalizedGenerate, prompts: list[list[int]]) -> list[Sequence]:

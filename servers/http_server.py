@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import uuid
 from http import HTTPStatus
 
 from fastapi import FastAPI, Request
@@ -17,7 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from servers import control_routes, generate_route
+from servers import control_routes, generate_route, memory_occupation
 from servers.auth import ApiKeyMiddleware
 from servers.metrics import render_metrics
 from servers.request import SamplingParams
@@ -50,6 +51,7 @@ def create_app(state: ServerState) -> FastAPI:
     app.state.server = state
     app.include_router(generate_route.router)
     app.include_router(control_routes.router)
+    app.include_router(memory_occupation.router)
 
     @app.exception_handler(RequestValidationError)
     async def on_validation(request: Request, exc: RequestValidationError):
@@ -82,7 +84,7 @@ def create_app(state: ServerState) -> FastAPI:
     async def health_generate() -> Response:
         if not state.engine.alive() or state.shutting_down:
             return Response(status_code=503)
-        probe = Sequence(rid=f"HEALTH_CHECK_{id(object())}", prompt=[0], internal=True,
+        probe = Sequence(rid=f"HEALTH_CHECK_{uuid.uuid4().hex}", prompt=[0], internal=True,
                          params=SamplingParams(max_new_tokens=1, temperature=1.0, top_k=1))
 
         async def run():
@@ -132,6 +134,7 @@ def create_app(state: ServerState) -> FastAPI:
             "internal_states": [{
                 "last_gen_throughput": eng.gen_throughput(), **eng.load(), **eng.stats,
                 "paused": state.is_pause, "weight_version": eng.weight_version,
+                "memory_released": sorted(eng.memory_released),
             }],
             "version": VERSION,
             "frontend": "python",

@@ -44,6 +44,9 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)
     sampling_seed: int | None = None
     stream_interval: int | None = None
+    # max_new_tokens as the request gave it (None when absent or null): SGLang checks only a
+    # given value against the context window, the default 128 is clipped silently
+    requested_max_new_tokens: int | None = None
 
     @property
     def greedy(self) -> bool:
@@ -75,6 +78,7 @@ class SamplingParams:
         p.temperature = float(p.temperature)
         if "max_new_tokens" in d:
             p.max_new_tokens = d["max_new_tokens"]  # null means unlimited
+            p.requested_max_new_tokens = d["max_new_tokens"]
         top_k = d.get("top_k")
         p.top_k = TOP_K_ALL if top_k is None or top_k == -1 else top_k
         if top_k is not None and top_k != -1 and top_k < 1:

@@ -7,12 +7,17 @@ loop: every list only grows, and each delivered event carries the output length 
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from servers.request import SamplingParams
+
+# A serial that is never reused in a process: ``id()`` of a freed Sequence can come back for
+# the next one, so any cache keyed by sequence identity must key on this instead.
+_serials = itertools.count()
 
 
 def weight_version_spans(
@@ -69,6 +74,7 @@ class Sequence:
     kv_len: int = 0  # tokens of prompt + output held in this sequence's KV row
     row: int = -1
     on_event: Callable[[Sequence, int, bool], None] | None = None
+    serial: int = field(default_factory=_serials.__next__, init=False)
 
     @property
     def finished(self) -> bool:

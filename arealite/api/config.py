@@ -33,10 +33,12 @@ class GenerationHyperparameters(BaseConfig):
     top_k: int = Field(-1, description="Top-k sampling; -1 keeps every token.")
     min_p: float = Field(0.0, ge=0.0, le=1.0, description="Min-p filtering threshold.")
     stop_token_ids: list[int] = Field(
-        default_factory=list, description="Token ids that end a sample (EOS is always one)."
+        default_factory=list, description="Token ids that end a sample besides the model's EOS (none stop under ignore_eos)."
     )
     stop: list[str] | None = Field(None, description="Stop strings (need a server tokenizer).")
-    ignore_eos: bool = Field(False, description="Keep generating past EOS.")
+    ignore_eos: bool = Field(
+        False, description="Turn off every token-based stop: EOS and stop_token_ids (as SGLang)."
+    )
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0, description="SGLang frequency penalty.")
 
     @model_validator(mode="after")

@@ -120,11 +120,14 @@ def test_stop_token_is_kept_and_reported(engine, runner):
     probe, done = make("p", [11, 12], max_new_tokens=6, **greedy())
     run(engine, (probe, done))
     stop_tok = probe.output_ids[3]
-    first = probe.output_ids.index(stop_tok)
-    seq, done = make("s", [11, 12], max_new_tokens=6, stop_token_ids={stop_tok}, **greedy())
+    # stop_token_ids act only without ignore_eos (SGLang), so EOS may end the sample too
+    first = next(i for i, t in enumerate(probe.output_ids)
+                 if t == stop_tok or t in runner.eos_token_ids)
+    seq, done = make("s", [11, 12], max_new_tokens=6, stop_token_ids={stop_tok},
+                     **{**greedy(), "ignore_eos": False})
     run(engine, (seq, done))
     assert seq.output_ids == probe.output_ids[: first + 1]
-    assert seq.finish == {"type": "stop", "matched": stop_tok}
+    assert seq.finish == {"type": "stop", "matched": probe.output_ids[first]}
 
 
 def test_stop_string_and_length(engine, runner):

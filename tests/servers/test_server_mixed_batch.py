@@ -1,0 +1,160 @@
+"""Many requests with different sampling settings share the engine's batch, and each is served
+with its *own* settings.
+
+Rows are freed and refilled as requests arrive and finish at different times, and finished
+``Sequence`` objects are dropped as soon as their results are copied out, so Python hands their
+memory (and their ``id()``) to later sequences. A cache keyed by object identity would then
+serve a new request with a dead one's temperature, top-k and top-p (AReaL's client caught
+exactly that). Every response is checked against a teacher-forced recompute with its own
+settings, by a slow reference written here, not with the engine's sampling code.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections import defaultdict
+
+import pytest
+import torch
+
+from servers.engine import Engine
+from servers.model_runner import ModelRunner
+from servers.request import SamplingParams
+from servers.sequence import Sequence
+
+TOL = 1e-4  # batched KV-cache forward vs one full forward, float32
+
+
+@pytest.fixture(scope="module")
+def runner(tiny_model_dir):
+    return ModelRunner(str(tiny_model_dir))
+
+
+def random_settings(rng: random.Random) -> dict:
+    """One request's raw ``sampling_params``: greedy, or sampled with a mix of filters."""
+    kind = rng.choice(["greedy", "greedy", "temp", "topk", "topp", "seeded", "penalty"])
+    sp: dict = {"ignore_eos": True, "max_new_tokens": rng.randint(1, 16)}
+    if kind == "greedy":
+        sp["temperature"] = 0.0
+        return sp
+    sp["temperature"] = rng.choice([0.5, 0.8, 1.3, 2.0])
+    if kind == "topk":
+        sp["top_k"] = rng.choice([2, 5, 20])
+    elif kind == "topp":
+        sp["top_p"] = rng.choice([0.5, 0.8, 0.95])
+    elif kind == "seeded":
+        sp["sampling_seed"] = rng.choice([7, 11])
+        sp["top_k"] = 20
+        sp["max_new_tokens"] = 8  # same seed, prompt and settings must give the same tokens
+    elif kind == "penalty":
+        sp["frequency_penalty"] = rng.choice([0.0, 0.7])
+        sp["presence_penalty"] = rng.choice([0.0, 0.5])
+        sp["repetition_penalty"] = rng.choice([1.0, 1.4])
+    return sp
+
+
+def reference_logits(logits: torch.Tensor, prompt: list[int], out: list[int], sp: dict):
+    """SGLang's penalties by a plain loop: frequency/presence over output so far, repetition
+    over prompt + output (divide positive logits, multiply negative ones)."""
+    logits = logits.clone()
+    freq, pres = sp.get("frequency_penalty", 0.0), sp.get("presence_penalty", 0.0)
+    for tok in set(out):
+        logits[tok] -= freq * out.count(tok) + pres
+    rep = sp.get("repetition_penalty", 1.0)
+    if rep != 1.0:
+        for tok in set(prompt + out):
+            v = logits[tok].item()
+            logits[tok] = v / rep if v > 0 else v * rep
+    return logits
+
+
+def check_against_own_settings(runner: ModelRunner, rec: dict) -> None:
+    prompt, out, lps, sp = rec["prompt"], rec["output_ids"], rec["logprobs"], rec["sp"]
+    greedy = sp["temperature"] == 0.0
+    temp = 1.0 if greedy else sp["temperature"]  # SGLang: greedy reports logprobs at T = 1
+    with torch.no_grad():
+        logits = runner.model(torch.tensor([prompt + out])).logits[0].float()
+    assert len(out) == len(lps) == sp["max_new_tokens"]
+    for j, tok in enumerate(out):
+        row = reference_logits(logits[len(prompt) - 1 + j], prompt, out[:j], sp)
+        lp = torch.log_softmax(row / temp, -1)
+        where = f"request {rec['rid']} ({sp}) token {j}"
+        assert abs(lp[tok].item() - lps[j]) < TOL, f"{where}: logprob {lps[j]} != {lp[tok].item()}"
+        if greedy:
+            assert lp[tok].item() >= lp.max().item() - TOL, f"{where}: greedy token is not the argmax"
+        if "top_k" in sp:
+            above = int((lp > lp[tok] + TOL).sum())
+            assert above < sp["top_k"], f"{where}: token ranks {above} >= top_k {sp['top_k']}"
+        if "top_p" in sp:
+            probs = lp.exp()
+            mass_before = float(probs[probs > probs[tok] + TOL].sum())
+            assert mass_before <= sp["top_p"] + TOL, f"{where}: outside top_p {sp['top_p']}"
+
+
+def run_clients(engine: Engine, vocab: int, n_clients: int, per_client: int, seed: int):
+    """``n_clients`` threads each send ``per_client`` requests one after another. A finished
+    Sequence is dropped at once, so its memory (and id) is free for the next one."""
+    records: list[dict] = []
+    ids: list[int] = []
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def client(c: int) -> None:
+        rng = random.Random(seed * 1000 + c)
+        try:
+            for i in range(per_client):
+                sp = random_settings(rng)
+                if "sampling_seed" in sp:
+                    prompt = [5, 6, 7, 8]
+                else:
+                    prompt = [rng.randrange(3, vocab) for _ in range(rng.randint(2, 8))]
+                done = threading.Event()
+                seq = Sequence(rid=f"c{c}-{i}", prompt=prompt, return_logprob=True,
+                               params=SamplingParams.from_dict(sp, vocab))
+                seq.on_event = lambda s, n, final, done=done: done.set() if final else None
+                with lock:
+                    ids.append(id(seq))
+                engine.submit(seq)
+                assert done.wait(60), f"request c{c}-{i} did not finish"
+                rec = {"rid": seq.rid, "prompt": prompt, "sp": sp, "finish": seq.finish,
+                       "output_ids": list(seq.output_ids), "logprobs": list(seq.output_logprobs)}
+                del seq  # the engine has let go too: the next Sequence may reuse this memory
+                with lock:
+                    records.append(rec)
+                if rng.random() < 0.3:
+                    threading.Event().wait(rng.random() * 0.003)
+        except BaseException as e:  # reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(n_clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not errors, errors[0]
+    assert len(records) == n_clients * per_client
+    return records, ids
+
+
+@pytest.mark.parametrize("n_clients,per_client", [(1, 60), (2, 40), (6, 30)])
+def test_every_request_is_sampled_with_its_own_settings(runner, n_clients, per_client):
+    engine = Engine(runner, weight_version="v0", random_seed=0)
+    engine.start()
+    try:
+        records, ids = run_clients(engine, runner.vocab_size, n_clients, per_client, seed=n_clients)
+    finally:
+        engine.shutdown()
+    # The scenario that broke the identity-keyed cache did happen: ids were reused.
+    assert len(set(ids)) < len(ids), "no id() was reused; the test did not exercise reuse"
+    kinds = {("greedy" if r["sp"]["temperature"] == 0.0 else r["sp"]["temperature"]) for r in records}
+    assert len(kinds) >= 4, kinds  # greedy and several temperatures really were mixed
+    for rec in records:
+        assert rec["finish"] == {"type": "length", "length": rec["sp"]["max_new_tokens"]}
+        check_against_own_settings(runner, rec)
+    # Seeded requests with one prompt and one setting give one output, whatever shared the batch.
+    by_setting: dict = defaultdict(set)
+    for rec in records:
+        if "sampling_seed" in rec["sp"]:
+            by_setting[tuple(sorted(rec["sp"].items()))].add(tuple(rec["output_ids"]))
+    assert by_setting and all(len(outs) == 1 for outs in by_setting.values()), by_setting
