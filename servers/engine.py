@@ -16,7 +16,6 @@ from __future__ import annotations
 import concurrent.futures as cf
 import logging
 import queue
-import re
 import threading
 import time
 from collections import deque
@@ -26,12 +25,18 @@ from typing import Any
 import torch
 
 from servers.model_runner import ModelRunner
+from servers.request import compile_stop_regex
 from servers.sampling import BatchSampling, apply_penalties, sample
 from servers.sequence import Sequence, weight_version_spans
 
 logger = logging.getLogger(__name__)
 
 PAUSE_MODES = ("abort", "retract", "in_place")
+
+
+def _internal_error(message: str) -> dict[str, Any]:
+    return {"type": "abort", "message": message, "status_code": 500,
+            "err_type": "InternalServerError"}
 
 
 class Engine:
@@ -66,6 +71,7 @@ class Engine:
         self._batch_key: tuple = ()
         self._batch: BatchSampling | None = None
         self.last_step_time = time.time()
+        self.heartbeat = time.monotonic()  # each turn of the loop: a stuck step stops it
 
     # ---- lifecycle and thread-safe API -------------------------------------------------------
     def start(self) -> None:
@@ -73,6 +79,10 @@ class Engine:
 
     def alive(self) -> bool:
         return self._thread.is_alive() and not self._stop
+
+    def stalled_for(self) -> float:
+        """Seconds since the loop last came round (an idle loop comes round every 0.5 s)."""
+        return time.monotonic() - self.heartbeat
 
     def shutdown(self) -> None:
         self._stop = True
@@ -188,14 +198,15 @@ class Engine:
 
     def _run(self) -> None:
         while not self._stop:
+            self.heartbeat = time.monotonic()
             self._drain(block=not self._runnable())
             if self._stop or not self._runnable():
                 continue
             try:
                 self._step()
-            except Exception as e:  # never leave clients hanging on an engine fault
-                logger.exception("engine step failed")
-                self._fail_all(f"Internal engine error: {e}")
+            except Exception:  # never leave clients hanging, never fail the innocent
+                logger.exception("engine step failed; finding the request(s) that caused it")
+                self._isolate_fault()
 
     def _runnable(self) -> bool:
         return (self.paused_mode is None and not self.memory_released
@@ -216,11 +227,34 @@ class Engine:
             except queue.Empty:
                 return
 
-    def _fail_all(self, message: str) -> None:
-        for seq in [*self.running, *self.waiting]:
-            self._finish(seq, {"type": "abort", "message": message, "status_code": 500,
-                               "err_type": "InternalServerError"})
-        self.running, self.waiting = [], deque()
+    def _isolate_fault(self) -> None:
+        """After a failed step, run each of its rows alone: the ones that fail alone get a
+        500, the others go back to the head of the queue and carry on.
+
+        A failed step may have written KV entries without appending their tokens, so every row
+        first drops its KV and is later prefilled again from prompt + output (as a retraction
+        does). Each solo step also samples that row's next token, so rows whose fault came
+        only from sharing a batch (say, memory) still make progress, one step at a time.
+        """
+        suspects = [q for q in self.running if not q.finished]
+        self._drop_rows(suspects)
+        queued, survivors = self.waiting, []
+        for q in suspects:
+            self.waiting = deque([q])
+            try:
+                self._step()
+            except Exception as e:
+                logger.exception("request %s fails alone; answering it with a 500", q.rid)
+                self._finish(q, _internal_error(f"Internal engine error: {e}"))
+            self._drop_rows([r for r in self.running if not r.finished])
+            if not q.finished:
+                survivors.append(q)
+        self.waiting = deque(survivors) + queued
+
+    def _drop_rows(self, seqs: list[Sequence]) -> None:
+        for q in seqs:
+            q.kv_len, q.row = 0, -1
+        self.running = []
         self.runner.cache.release()
 
     def _admit(self) -> list[Sequence]:
@@ -384,7 +418,7 @@ class Engine:
                 if stop and stop in tail:
                     return {"type": "stop", "matched": stop}
             for pattern in p.stop_regex:
-                m = re.search(pattern, tail)
+                m = compile_stop_regex(pattern).search(tail)
                 if m:
                     return {"type": "stop", "matched": m.group(0)}
         if len(s.output_ids) >= s.max_new_tokens:

@@ -73,7 +73,10 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/health")
     async def health() -> Response:
-        ok = state.engine.alive() and not state.shutting_down
+        # A live thread is not enough: a step stuck for longer than the limit (a hung kernel, a
+        # runaway computation) takes the server out of its clients' rotation too.
+        stalled = state.engine.stalled_for() > state.args.health_stall_timeout
+        ok = state.engine.alive() and not state.shutting_down and not stalled
         return Response(status_code=200 if ok else 503)
 
     @app.get("/ready")

@@ -8,11 +8,14 @@ reach the client as ``400 {"error": {"message": ...}}``).
 
 from __future__ import annotations
 
+import functools
 import math
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
+
+import re2
 
 TOP_K_ALL = 1 << 30
 MAX_STOP = 32
@@ -142,6 +145,36 @@ class SamplingParams:
         for pattern in self.stop_regex:
             if len(pattern.encode("utf-8")) > 256:
                 raise ValueError("stop_regex is over the 256-byte limit")
+            compile_stop_regex(pattern)  # a 400 here, never a fault in the engine
+        # Checked against the loaded model here, so nothing that reaches the engine can fault
+        # a step (an out-of-range id used to fail every request in the batch).
+        for t in self.stop_token_ids:
+            if not 0 <= t < vocab_size:
+                raise ValueError(
+                    f"stop_token_ids must hold token ids in [0, {vocab_size - 1}], got {t}."
+                )
+        for tok, bias in self.logit_bias.items():
+            if not math.isfinite(bias):
+                raise ValueError(
+                    f"logit_bias values must be finite numbers, got {bias} for token {tok} "
+                    "(use -100 to ban a token)."
+                )
+
+
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False
+
+
+@functools.lru_cache(maxsize=1024)
+def compile_stop_regex(pattern: str) -> re2._Regexp:
+    """A stop regex as RE2 runs it: linear time in the text, so no pattern can stall the
+    engine (Python's backtracking ``re`` takes exponential time on ``^(a|aa)+b$``). Patterns RE2
+    cannot run (backreferences, lookaround) are a 400."""
+    try:
+        return re2.compile(pattern, _RE2_OPTIONS)
+    except re2.error as e:
+        msg = e.args[0].decode(errors="replace") if e.args and isinstance(e.args[0], bytes) else e
+        raise ValueError(f"stop_regex {pattern!r} is not a valid RE2 pattern: {msg}") from None
 
 
 def _int_like(key: Any, vocab_size: int) -> bool:

@@ -34,6 +34,7 @@ class ServerArgs:
     incremental_streaming_output: bool = False
     weight_group_timeout: float = 1800.0
     allow_auto_truncate: bool = False
+    health_stall_timeout: float = 60.0
     launch_command: str = ""
 
     def resolved(self) -> dict:
@@ -82,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--incremental-streaming-output", action="store_true")
     p.add_argument("--weight-group-timeout", type=float, default=1800.0,
                    help="seconds a weight-update group waits on a rendezvous or broadcast")
+    p.add_argument("--health-stall-timeout", type=float, default=60.0,
+                   help="/health answers 503 while one engine step has run longer than this")
     p.add_argument("--allow-auto-truncate", action="store_true",
                    help="cut prompts and max_new_tokens to the context instead of answering 400")
     return p

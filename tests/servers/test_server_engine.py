@@ -199,21 +199,51 @@ def test_abort_by_rid_prefix_and_all(engine):
     assert engine.running == [] and not engine.waiting
 
 
-def test_engine_fault_answers_everyone_and_keeps_serving(engine, runner, monkeypatch):
+def test_a_fault_no_single_request_causes_fails_nobody(engine, runner, monkeypatch):
+    """A step that fails once (say, memory with the whole batch) is retried row by row: every
+    request still finishes with the tokens it would have had."""
+    pairs = [make(f"ref{i}", [3 + i, 4], max_new_tokens=5, **greedy()) for i in range(3)]
+    run(engine, *pairs)
     real = runner.forward
     calls = {"n": 0}
 
     def flaky(*a, **k):
         calls["n"] += 1
-        if calls["n"] == 1:
+        if calls["n"] == 2:
             raise RuntimeError("boom")
         return real(*a, **k)
 
     monkeypatch.setattr(runner, "forward", flaky)
-    a, a_done = make("fa", [3, 4], max_new_tokens=5, **greedy())
-    run(engine, (a, a_done))
-    assert a.finish["type"] == "abort" and a.finish["status_code"] == 500
-    assert "boom" in a.finish["message"]
-    b, b_done = make("fb", [3, 4], max_new_tokens=5, **greedy())
-    run(engine, (b, b_done))
-    assert b.finish == {"type": "length", "length": 5}
+    again = [make(f"fa{i}", [3 + i, 4], max_new_tokens=5, **greedy()) for i in range(3)]
+    run(engine, *again)
+    assert calls["n"] > 2
+    for (seq, _), (ref, _) in zip(again, pairs):
+        assert seq.finish == {"type": "length", "length": 5}
+        assert seq.output_ids == ref.output_ids and seq.output_logprobs == pytest.approx(
+            ref.output_logprobs, abs=1e-5)
+
+
+def test_a_request_that_faults_fails_alone(engine, runner, monkeypatch):
+    """Only the request whose row breaks a step gets the 500; its batch-mates go on."""
+    refs = [make(f"r{i}", [5 + i, 6, 7], max_new_tokens=12, **greedy()) for i in range(4)]
+    run(engine, *refs)
+    real = engine._adjust_logits
+
+    def fragile(seqs, logits):
+        if any(s.rid == "bad" and len(s.output_ids) >= 3 for s in seqs):
+            raise IndexError("index 1000000 is out of bounds")
+        return real(seqs, logits)
+
+    monkeypatch.setattr(engine, "_adjust_logits", fragile)
+    good = [make(f"g{i}", [5 + i, 6, 7], max_new_tokens=12, **greedy()) for i in range(4)]
+    bad = make("bad", [9, 9], max_new_tokens=12, **greedy())
+    run(engine, *good[:2], bad, *good[2:])
+    assert bad[0].finish["status_code"] == 500 and "out of bounds" in bad[0].finish["message"]
+    assert len(bad[0].output_ids) == 3
+    for (seq, _), (ref, _) in zip(good, refs):
+        assert seq.finish == {"type": "length", "length": 12}
+        assert seq.output_ids == ref.output_ids
+    monkeypatch.undo()
+    after, done = make("after", [5, 6, 7], max_new_tokens=12, **greedy())
+    run(engine, (after, done))
+    assert after.output_ids == refs[0][0].output_ids
