@@ -59,13 +59,18 @@ async def _fire(addr: str, reqs: list[tuple[list[int], int]]) -> tuple[float, in
 class Server:
     """The embedded server in its own process group; idle (blocked) while baselines run."""
 
-    def __init__(self, model_path: str) -> None:
+    def __init__(self, model_path: str | None, *extra: str, module: str = "servers.launch_server",
+                 log_level: str = "warning") -> None:
+        """``python -m module`` on a free port; ``model_path`` None for a gateway."""
         from servers.net import find_free_port
 
         self.port = find_free_port()
+        self.addr = f"127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
-        cmd = [sys.executable, "-m", "servers.launch_server", "--model-path", model_path,
-               "--port", str(self.port), "--num-threads", "1", "--log-level", "warning"]
+        cmd = [sys.executable, "-m", module, "--port", str(self.port), "--log-level", log_level,
+               *extra]
+        if model_path is not None:
+            cmd += ["--model-path", model_path, "--num-threads", "1"]
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
 

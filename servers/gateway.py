@@ -23,23 +23,40 @@ import contextlib
 import itertools
 import json
 import logging
+import re
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import aiohttp
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from servers import openapi_schema
+
 logger = logging.getLogger(__name__)
 
+_HOST = re.compile(r"[A-Za-z0-9.\-]{1,253}|\[[0-9A-Fa-f:.]+\]|[0-9A-Fa-f:.]+")
 FANOUT = ("/pause_generation", "/continue_generation", "/update_weights_from_disk",
           "/update_weight_version", "/flush_cache", "/abort_request")
 
 
 def normalize_url(url: str) -> str:
+    """``host:port`` or ``http(s)://host:port`` -> ``http(s)://host:port``; ValueError (a 400)
+    for anything else, so a bad worker address is refused instead of being dialled."""
     url = url.strip().rstrip("/")
     if not url:
         raise ValueError("empty server address")
-    return url if "://" in url else f"http://{url}"
+    url = url if "://" in url else f"http://{url}"
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    host = parts.hostname or ""
+    if (parts.scheme not in ("http", "https") or port is None or parts.path or parts.query
+            or parts.fragment or parts.username or not _HOST.fullmatch(host)):
+        raise ValueError(f"a server address is host:port or http(s)://host:port, got {url!r}")
+    return url
 
 
 @dataclass
@@ -183,20 +200,26 @@ def create_app(gw: Gateway) -> FastAPI:
                 return w.url, {"status": 502, "body": f"unreachable: {e}"}
 
         results = dict(await asyncio.gather(*(one(w) for w in list(gw.workers.values()))))
-        statuses = {r["status"] for r in results.values()}
-        ok = bool(results) and statuses == {200}
-        status = 200 if ok else (statuses.pop() if len(statuses) == 1 else 502)
+        statuses = [r["status"] for r in results.values()]
+        ok = bool(results) and set(statuses) == {200}
         if not results:
             status = 503
+        elif ok:
+            status = 200
+        elif 502 in statuses:
+            status = 502  # a worker could not be reached: the gateway's failure
+        else:  # every worker answered; the first refusal is the caller's answer
+            status = next(s for s in statuses if s != 200)
         return JSONResponse({"success": ok, "results": results}, status_code=status)
+
+    def fan_out_route(path: str):
+        async def handler(request: Request) -> JSONResponse:  # path is bound, not a parameter
+            return await fan_out(path, request)
+        return handler
 
     for path in FANOUT:
         methods = ["GET", "POST"] if path == "/flush_cache" else ["POST"]
-
-        async def handler(request: Request, path: str = path) -> JSONResponse:
-            return await fan_out(path, request)
-
-        app.add_api_route(path, handler, methods=methods, name=path.strip("/"))
+        app.add_api_route(path, fan_out_route(path), methods=methods, name=path.strip("/"))
 
     async def proxy_first(path: str) -> Response:
         for w in gw.pick_order():
@@ -208,11 +231,13 @@ def create_app(gw: Gateway) -> FastAPI:
                 w.healthy = False
         return JSONResponse({"error": {"message": "no healthy server in the pool"}}, status_code=503)
 
-    for path in ("/model_info", "/get_model_info", "/server_info", "/get_server_info"):
-        async def info(path: str = path) -> Response:
+    def info_route(path: str):
+        async def info() -> Response:
             return await proxy_first(path)
+        return info
 
-        app.add_api_route(path, info, methods=["GET"], name=path.strip("/"))
+    for path in ("/model_info", "/get_model_info", "/server_info", "/get_server_info"):
+        app.add_api_route(path, info_route(path), methods=["GET"], name=path.strip("/"))
 
     def listing() -> dict:
         return {"workers": [w.as_dict() for w in gw.workers.values()], "total": len(gw.workers)}
@@ -232,21 +257,35 @@ def create_app(gw: Gateway) -> FastAPI:
         await gw.check(w)
         return JSONResponse({"status": "accepted", "worker": w.as_dict()}, status_code=202)
 
+    def bad_url(e: ValueError) -> JSONResponse:
+        return JSONResponse({"error": {"message": str(e)}}, status_code=400)
+
     @app.delete("/workers/{url:path}")
     async def delete_worker(url: str) -> JSONResponse:
-        if not gw.remove(url):
+        try:
+            removed = gw.remove(url)
+        except ValueError as e:
+            return bad_url(e)
+        if not removed:
             return JSONResponse({"error": {"message": f"unknown worker {url}"}}, status_code=404)
         return JSONResponse({"status": "removed", "url": normalize_url(url)})
 
     @app.post("/add_worker")
     async def add_worker_legacy(url: str) -> JSONResponse:
-        w = gw.add(url)
+        try:
+            w = gw.add(url)
+        except ValueError as e:
+            return bad_url(e)
         await gw.check(w)
         return JSONResponse({"status": "added", "worker": w.as_dict()})
 
     @app.post("/remove_worker")
     async def remove_worker_legacy(url: str) -> JSONResponse:
-        if not gw.remove(url):
+        try:
+            removed = gw.remove(url)
+        except ValueError as e:
+            return bad_url(e)
+        if not removed:
             return JSONResponse({"error": {"message": f"unknown worker {url}"}}, status_code=404)
         return JSONResponse({"status": "removed"})
 
@@ -254,6 +293,7 @@ def create_app(gw: Gateway) -> FastAPI:
     async def list_workers_legacy() -> dict:
         return {"urls": [w.url for w in gw.workers.values()]}
 
+    openapi_schema.install(app, None)  # token ids unbounded: the gateway knows no model
     return app
 
 

@@ -16,9 +16,9 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict
 
 from servers.contract import ContractError, check_generate_body
+from servers.openapi_schema import GenerateReqInput
 from servers.request import NormalizedGenerate, normalize_generate
 from servers.responses import build_output
 from servers.sequence import Sequence
@@ -26,22 +26,6 @@ from servers.state import ServerState
 
 logger = logging.getLogger(__name__)
 router = APIRouter()
-
-
-class GenerateReqInput(BaseModel):
-    """The body FastAPI validates (SGLang's GenerateReqInput fields that matter here)."""
-
-    model_config = ConfigDict(extra="ignore")
-    text: str | list[str] | None = None
-    input_ids: list[int] | list[list[int]] | None = None
-    sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
-    rid: str | list[str] | None = None
-    return_logprob: bool | list[bool] | None = None
-    logprob_start_len: int | list[int] | None = None
-    top_logprobs_num: int | list[int] | None = None
-    return_text_in_logprobs: bool = False
-    stream: bool = False
-    return_prompt_token_ids: bool = False
 
 
 def error_response(message: str, status: int = 400) -> JSONResponse:

@@ -1,51 +1,26 @@
-"""Schemathesis fuzzing against the server's own OpenAPI spec: never a 5xx, never a crash."""
+"""Schema-driven fuzzing of a server and a gateway (benchmarks/fuzz_servers.py, small count):
+no response >= 500, and the servers generate the same greedy tokens afterwards. The full
+10,000-request run and its figures are in docs/reliability.md."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
-import requests
-from hypothesis import HealthCheck, given, settings
 
 pytestmark = pytest.mark.integration
 
-# Excluded: /pause_generation would hold every later /generate of the run (by design), and
-# /init_weights_update_group blocks in a TCP rendezvous with whatever address it is given, and
-# /release_memory_occupation holds generation until a resume (by design, as SGLang needs).
-SKIP = {"/pause_generation", "/init_weights_update_group", "/release_memory_occupation"}
 
+def test_fuzz_no_server_errors(tiny_model_dir, tmp_path, capsys):
+    from benchmarks.fuzz_servers import main
 
-@pytest.fixture(scope="module")
-def fuzz_server(tiny_model_dir):
-    from tests.procs import embedded_server
-
-    args = ["--context-length", "48", "--weight-group-timeout", "2", "--random-seed", "0"]
-    with embedded_server(str(tiny_model_dir), args) as addr:
-        yield f"http://{addr}"
-
-
-def test_openapi_fuzz_no_server_errors(fuzz_server):
-    import schemathesis
-
-    schema = schemathesis.openapi.from_url(f"{fuzz_server}/openapi.json")
-    ops = [r.ok() for r in schema.get_all_operations()]
-    ops = [op for op in ops if op.path not in SKIP]
-    assert any(op.path == "/generate" for op in ops)
-    session = requests.Session()
-    failures: list[str] = []
-    for op in ops:
-        examples = 40 if op.path == "/generate" else 12
-
-        @settings(max_examples=examples, deadline=None, database=None,
-                  suppress_health_check=list(HealthCheck))
-        @given(case=op.as_strategy())
-        def check(case):
-            resp = case.call(base_url=fuzz_server, session=session, timeout=30)
-            if resp.status_code >= 500:
-                failures.append(f"{case.method} {case.path} {case.body!r} -> {resp.status_code} {resp.text[:200]}")
-
-        check()
-    assert not failures, "\n".join(failures[:10])
-    assert requests.get(f"{fuzz_server}/health", timeout=5).status_code == 200
-    ok = requests.post(f"{fuzz_server}/generate", timeout=30,
-                       json={"input_ids": [3, 4], "sampling_params": {"max_new_tokens": 2}})
-    assert ok.status_code == 200  # still serving after the storm
+    out = tmp_path / "fuzz.json"
+    rc = main(["--requests", "400", "--model-path", str(tiny_model_dir), "--json", str(out)])
+    printed = capsys.readouterr().out
+    report = json.loads(out.read_text())
+    assert rc == 0, printed
+    for app in ("server", "gateway"):
+        assert report[app]["requests"] >= 400 and report[app]["failures"] == []
+        reached = report[app]["tally"]["POST /generate"]
+        assert reached.get("200", 0) > 0, reached  # typed params let some reach the engine
+    assert report["health_after"] == [200, 200] and report["same_greedy_tokens_after"]
