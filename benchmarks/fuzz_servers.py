@@ -50,7 +50,8 @@ def greedy_tokens(addr: str) -> list[int]:
 def fuzz_app(base: str, total: int, release_on: list[str], seed: int) -> dict:
     """Send about ``total`` generated requests to the app at ``base``; returns the tallies."""
     import schemathesis
-    from hypothesis import HealthCheck, given, seed as hseed, settings
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import seed as hseed
 
     schema = schemathesis.openapi.from_url(f"{base}/openapi.json")
     ops = [op for op in (r.ok() for r in schema.get_all_operations())
