@@ -11,6 +11,7 @@ import asyncio
 import base64
 import io
 import logging
+import threading
 import time
 from datetime import timedelta
 from typing import Literal
@@ -207,6 +208,22 @@ async def update_weights_from_disk(obj: UpdateFromDiskReq, request: Request) -> 
     return _msg(ok, message, num_paused_requests=0)
 
 
+async def _daemon_thread(fn):
+    loop = asyncio.get_running_loop()
+    fut = loop.create_future()
+
+    def run() -> None:
+        try:
+            res = fn()
+        except BaseException as e:  # handed to the awaiting route
+            loop.call_soon_threadsafe(lambda: fut.done() or fut.set_exception(e))
+        else:
+            loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(res))
+
+    threading.Thread(target=run, name="weight-group-join", daemon=True).start()
+    return await fut
+
+
 @router.post("/init_weights_update_group")
 async def init_weights_update_group(obj: InitGroupReq, request: Request) -> JSONResponse:
     st = _st(request)
@@ -223,8 +240,9 @@ async def init_weights_update_group(obj: InitGroupReq, request: Request) -> JSON
         )
 
     try:
-        # Blocks until every rank joined: a worker thread, so generation and /health go on.
-        pg = await asyncio.to_thread(join)
+        # Blocks until every rank joined (at most --weight-group-timeout): a daemon thread, so
+        # generation and /health go on, and a SIGTERM meanwhile still ends the process.
+        pg = await _daemon_thread(join)
     except Exception as e:
         return _msg(False, f"Failed to initialize custom process group: {e}.")
     st.groups[obj.group_name] = pg

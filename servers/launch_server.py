@@ -57,8 +57,11 @@ def main(argv: list[str] | None = None) -> int:
         "serving %s on http://%s:%d (device=%s dtype=%s threads=%d)", args.model_path,
         args.host, args.port, args.device, runner.dtype, args.num_threads,
     )
+    # SIGTERM: stop waiting on open requests after a few seconds (a rendezvous or a long
+    # generation must not keep a server that was told to go)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                timeout_keep_alive=30, access_log=args.log_level == "debug")
+                timeout_keep_alive=30, access_log=args.log_level == "debug",
+                timeout_graceful_shutdown=5)
     return 0
 
 

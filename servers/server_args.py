@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import dataclasses
 import sys
 from dataclasses import dataclass
@@ -32,7 +33,9 @@ class ServerArgs:
     dp_size: int = 1
     load_format: str = "auto"
     incremental_streaming_output: bool = False
-    weight_group_timeout: float = 1800.0
+    weight_group_timeout: float = 60.0
+    insecure: bool = False
+    mem_fraction_static: float | None = None
     allow_auto_truncate: bool = False
     health_stall_timeout: float = 60.0
     launch_command: str = ""
@@ -81,13 +84,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dp-size", type=int, default=1)
     p.add_argument("--load-format", default="auto")
     p.add_argument("--incremental-streaming-output", action="store_true")
-    p.add_argument("--weight-group-timeout", type=float, default=1800.0,
+    p.add_argument("--weight-group-timeout", type=float, default=60.0,
                    help="seconds a weight-update group waits on a rendezvous or broadcast")
+    p.add_argument("--insecure", action="store_true",
+                   help="allow a non-loopback --host without --api-key (anyone who can reach "
+                        "the port can then generate, pause and load weights)")
+    compat = p.add_argument_group(
+        "SGLang flags accepted so one launch plan starts either backend; ignored here")
+    compat.add_argument("--mem-fraction-static", type=float, default=None,
+                        help="the KV cache here grows on demand")
+    for flag in ("--trust-remote-code", "--disable-radix-cache", "--disable-cuda-graph",
+                 "--enable-memory-saver"):
+        compat.add_argument(flag, action="store_true", dest=flag[2:].replace("-", "_") + "_ignored")
+    for flag in ("--chunked-prefill-size", "--cuda-graph-max-bs", "--watchdog-timeout"):
+        compat.add_argument(flag, default=None, dest=flag[2:].replace("-", "_") + "_ignored")
     p.add_argument("--health-stall-timeout", type=float, default=60.0,
                    help="/health answers 503 while one engine step has run longer than this")
     p.add_argument("--allow-auto-truncate", action="store_true",
                    help="cut prompts and max_new_tokens to the context instead of answering 400")
     return p
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def parse_args(argv: list[str] | None = None) -> ServerArgs:
@@ -103,10 +127,13 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
         parser.error("--num-threads must be >= 1")
     if not 1 <= ns.port <= 65535:
         parser.error("--port must be in [1, 65535]")
+    if not (ns.insecure or ns.api_key or ns.admin_api_key or is_loopback(ns.host)):
+        parser.error(f"--host {ns.host} is reachable from other machines: set --api-key (and "
+                     "--admin-api-key), or pass --insecure to serve without one")
     for name in ("context_length", "max_running_requests"):
         v = getattr(ns, name)
         if v is not None and v < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
-    args = ServerArgs(**vars(ns))
+    args = ServerArgs(**{k: v for k, v in vars(ns).items() if not k.endswith("_ignored")})
     args.launch_command = " ".join([sys.executable, "-m", "servers.launch_server", *(argv or sys.argv[1:])])
     return args
