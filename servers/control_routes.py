@@ -215,7 +215,7 @@ async def _daemon_thread(fn):
     def run() -> None:
         try:
             res = fn()
-        except BaseException as e:  # handed to the awaiting route
+        except BaseException:  # handed to the awaiting route
             loop.call_soon_threadsafe(lambda: fut.done() or fut.set_exception(e))
         else:
             loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(res))

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import dataclasses
+import ipaddress
 import sys
 from dataclasses import dataclass
 
