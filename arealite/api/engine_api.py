@@ -22,11 +22,11 @@ from arealite.api.io_struct import (
     SaveLoadMeta,
     WeightUpdateMeta,
 )
+from arealite.api.trajectory import TensorDict
 
 if TYPE_CHECKING:
     from arealite.api.workflow_api import RolloutWorkflow
 
-TensorDict = dict[str, torch.Tensor]
 
 
 class TrainEngine(abc.ABC):

@@ -1,19 +1,6 @@
 """Data passed between the layers: requests, responses, weight-update and checkpoint metadata.
 
-Trajectory contract (what a ``RolloutWorkflow`` returns and the trainer consumes): a ``dict`` of
-tensors, all with leading dimension ``B`` (one row per sample), right-padded along dim 1:
-
-- ``input_ids``      ``[B, S]`` int64  prompt + completion tokens (pad id 0 past the end)
-- ``attention_mask`` ``[B, S]`` bool   True on real tokens (a prefix of each row)
-- ``loss_mask``      ``[B, S]`` bool   True on tokens the policy generated and is trained on
-- ``logprobs``       ``[B, S]`` float32 behaviour logprob of ``input_ids[b, t]`` (0 where not generated)
-- ``versions``       ``[B, S]`` int64  weight version that generated ``input_ids[b, t]``;
-                                       -1 on prompt, feedback and padding tokens
-- ``rewards``        ``[B]``    float32 scalar reward per sample
-
-Further keys are allowed when their leading dimension is ``B`` (e.g. ``sample_ids [B]``);
-``arealite.utils.data.concat_padded_tensors`` pads and concatenates trajectories of different
-lengths. A workflow returns ``None`` to reject an episode (it is counted, never trained on).
+The trajectory contract (what a ``RolloutWorkflow`` returns) is ``arealite.api.trajectory``.
 """
 
 from __future__ import annotations

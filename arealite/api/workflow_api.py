@@ -16,7 +16,7 @@ class RolloutWorkflow(abc.ABC):
 
     ``arun_episode`` runs on the executor's event loop, many at once: never block it (no
     ``time.sleep``, no heavy CPU work; rewards go through a process pool). It returns a
-    trajectory dict following the contract in ``arealite.api.io_struct`` (padded ``[B, S]``
+    trajectory dict following the contract in ``arealite.api.trajectory`` (padded ``[B, S]``
     ``input_ids``, ``attention_mask``, ``loss_mask``, ``logprobs``, ``versions`` and
     ``rewards [B]``), or ``None`` to reject the episode.
     """

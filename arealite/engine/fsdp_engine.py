@@ -9,7 +9,7 @@ Process group: under ``torchrun`` from ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/`
 a plain process becomes a world of one on a free port. Device (cpu/cuda), backend (gloo/nccl)
 and dtypes are configuration; the code path is the same everywhere.
 
-Data: ``train_batch``/``forward`` take a padded trajectory dict (``arealite.api.io_struct``),
+Data: ``train_batch``/``forward`` take a padded trajectory dict (``arealite.api.trajectory``),
 split it into micro-batches of at most ``max_tokens_per_mb`` tokens (first-fit-decreasing, the
 same count on every rank), pack each one into a single row and run the model on it with a
 block-diagonal causal mask (sdpa/eager) or varlen flash attention (``cu_seqlens``). Loss
@@ -29,7 +29,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from arealite.api.config import TrainEngineConfig
-from arealite.api.engine_api import TensorDict, TrainEngine
+from arealite.api.engine_api import TrainEngine
 from arealite.api.io_struct import (
     FinetuneSpec,
     ParamSpec,
@@ -37,6 +37,7 @@ from arealite.api.io_struct import (
     WeightUpdateMeta,
     WeightUpdateType,
 )
+from arealite.api.trajectory import TensorDict
 from arealite.engine.weight_upload import DistributedUploader, param_specs, write_disk_marker
 from arealite.utils import checkpoint as ckpt
 from arealite.utils.data import (

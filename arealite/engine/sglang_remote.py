@@ -43,6 +43,7 @@ import torch
 from arealite.api.config import InferenceEngineConfig
 from arealite.api.engine_api import InferenceEngine
 from arealite.api.io_struct import ModelRequest, ModelResponse, WeightUpdateMeta, WeightUpdateType
+from arealite.api.trajectory import TensorDict
 from arealite.api.workflow_api import RolloutWorkflow
 from arealite.rollout.executor import WorkflowExecutor
 from arealite.rollout.health import ready_for_readmission
@@ -78,7 +79,6 @@ MAX_EMPTY_ABORTS = 100
 
 ADDRS_ENV = "AREAL_LLM_SERVER_ADDRS"
 _NO_SERVERS: frozenset[str] = frozenset()
-TensorDict = dict[str, torch.Tensor]
 
 
 class GenerationError(RuntimeError):

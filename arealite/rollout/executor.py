@@ -37,19 +37,15 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from arealite.api.config import InferenceEngineConfig
 from arealite.api.io_struct import RolloutStat
+from arealite.api.trajectory import TensorDict, check_trajectory, concat_padded_tensors
 from arealite.api.workflow_api import RolloutWorkflow
 from arealite.rollout.data_cycle import DataCycle
 from arealite.rollout.loop_thread import LoopThread
 from arealite.rollout.staleness import StalenessManager
-from arealite.utils.data import concat_padded_tensors
 
 logger = logging.getLogger("arealite.rollout.executor")
-
-TensorDict = dict[str, torch.Tensor]
 
 
 class RolloutQueueFull(RuntimeError):
@@ -78,19 +74,6 @@ class _Result:
     start_version: int
     group: int | None
     data: Any = None  # the row it came from: in flight until trained (see inflight_data)
-
-
-def check_trajectory(traj: Any) -> None:
-    """A workflow's return value must be a dict of tensors sharing their leading dimension."""
-    if not isinstance(traj, dict) or not traj:
-        raise TypeError(f"arun_episode must return a non-empty dict of tensors or None, got {type(traj).__name__}")
-    sizes = set()
-    for k, v in traj.items():
-        if not isinstance(v, torch.Tensor) or v.dim() == 0:
-            raise TypeError(f"trajectory key {k!r} is not a tensor with a batch dimension")
-        sizes.add(v.shape[0])
-    if len(sizes) != 1:
-        raise ValueError(f"trajectory tensors disagree on the batch dimension: {sorted(sizes)}")
 
 
 class WorkflowExecutor:

@@ -9,7 +9,7 @@ One trainer step of the entry script::
     actor.compute_advantages(batch)                         # adds advantages, returns, ...
     stats = actor.ppo_update(batch)
 
-Batch keys (trajectory contract of ``arealite.api.io_struct``): ``logprobs`` are the behaviour
+Batch keys (trajectory contract of ``arealite.api.trajectory``): ``logprobs`` are the behaviour
 logprobs from the servers, ``prox_logp`` the recomputed ones, ``ref_logp`` the reference
 model's. The meaning of ``recompute_logprob`` / ``use_decoupled_loss`` is documented at the top
 of ``arealite.utils.functional``. Groups (``group_size`` consecutive rows) must not be split
@@ -24,7 +24,8 @@ import torch
 import torch.distributed as dist
 
 from arealite.api.config import PPOActorConfig
-from arealite.api.engine_api import TensorDict, TrainEngine
+from arealite.api.engine_api import TrainEngine
+from arealite.api.trajectory import TensorDict
 from arealite.engine.fsdp_engine import FSDPEngine
 from arealite.utils.data import balanced_partition, select_rows, seqlens_from_mask
 from arealite.utils.functional import (

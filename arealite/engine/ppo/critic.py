@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 
 from arealite.api.config import PPOCriticConfig
-from arealite.api.engine_api import TensorDict, TrainEngine
+from arealite.api.engine_api import TrainEngine
+from arealite.api.trajectory import TensorDict
 from arealite.engine.fsdp_engine import FSDPEngine
 from arealite.utils.data import balanced_partition, select_rows, seqlens_from_mask
 from arealite.utils.functional import ppo_critic_loss_fn
