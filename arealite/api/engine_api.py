@@ -10,7 +10,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -23,10 +23,7 @@ from arealite.api.io_struct import (
     WeightUpdateMeta,
 )
 from arealite.api.trajectory import TensorDict
-
-if TYPE_CHECKING:
-    from arealite.api.workflow_api import RolloutWorkflow
-
+from arealite.api.workflow_api import RolloutWorkflow
 
 
 class TrainEngine(abc.ABC):

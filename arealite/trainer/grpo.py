@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from arealite.api.config import GRPOConfig
 from arealite.api.io_struct import FinetuneSpec, SaveLoadMeta, WeightUpdateMeta
+from arealite.api.workflow_factory import build_workflow
 from arealite.dataset.loader import create_dataloader, load_rows
 from arealite.engine.ppo.actor import FSDPPPOActor
 from arealite.engine.sglang_remote import RemoteSGLangEngine
@@ -35,7 +36,6 @@ from arealite.utils import stats_tracker
 from arealite.utils.network import find_free_port
 from arealite.utils.stats_logger import StatsLogger
 from arealite.utils.timing import FreqController, timer
-from workflows.factory import build_workflow
 
 
 def main(argv: list[str] | None = None) -> int:

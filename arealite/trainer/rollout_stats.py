@@ -10,6 +10,7 @@ import torch
 
 from arealite.api.config import EvaluatorConfig
 from arealite.api.engine_api import InferenceEngine
+from arealite.api.reward_api import reward_stats
 from arealite.api.workflow_api import RolloutWorkflow
 
 
@@ -46,13 +47,8 @@ def batch_rollout_stats(batch: dict[str, torch.Tensor], rollout: Any, version: i
     if callable(counters):
         for k, val in counters().items():
             out[f"rollout/{k}"] = float(val)
-    try:
-        from workflows.reward_pool import reward_stats
-
-        for k, val in reward_stats().items():
-            out[f"reward_fn/{k}"] = float(val)
-    except ImportError:
-        pass
+    for k, val in reward_stats().items():
+        out[f"reward_fn/{k}"] = float(val)
     return out
 
 
