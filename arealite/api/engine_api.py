@@ -2,7 +2,7 @@
 
 ``TrainEngine`` is a model being trained (FSDP2 in ``arealite.engine.fsdp_engine``);
 ``InferenceEngine`` is the client of a pool of generation servers plus the rollout executor
-(``arealite.engine.sglang_remote``). Algorithms never branch on which implementation they hold.
+(``arealite.rollout.remote_engine``). Algorithms never branch on which implementation they hold.
 """
 
 from __future__ import annotations

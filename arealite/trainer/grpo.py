@@ -20,8 +20,8 @@ from arealite.api.io_struct import FinetuneSpec, SaveLoadMeta, WeightUpdateMeta
 from arealite.api.workflow_factory import build_workflow
 from arealite.dataset.loader import create_dataloader, load_rows
 from arealite.engine.ppo.actor import FSDPPPOActor
-from arealite.engine.sglang_remote import RemoteSGLangEngine
 from arealite.rollout.data_cycle import DataCycle
+from arealite.rollout.remote_engine import RemoteSGLangEngine
 from arealite.trainer.common import (
     config_from_argv,
     dist_info,

@@ -15,7 +15,7 @@ from arealite.api.io_struct import ModelRequest, WeightUpdateMeta
 from arealite.api.trajectory import pad_sequences_to_tensors
 from arealite.api.workflow_api import RolloutWorkflow
 from arealite.dataset.loader import create_dataloader
-from arealite.engine.sglang_remote import RemoteSGLangEngine
+from arealite.rollout.remote_engine import RemoteSGLangEngine
 from arealite.rollout.weight_sync import write_disk_marker
 from tests.procs import embedded_server
 

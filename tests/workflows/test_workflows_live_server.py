@@ -27,7 +27,7 @@ ROWS = [{"id": 10, "question": "What is 3 + 4?", "answer": "3 + 4 = 7\n#### 7"},
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir):
-    from arealite.engine.sglang_remote import RemoteSGLangEngine
+    from arealite.rollout.remote_engine import RemoteSGLangEngine
 
     args = ["--dtype", "float32", "--weight-version", str(SERVER_VERSION), "--log-level", "warning"]
     with embedded_server(str(tiny_model_dir), args) as addr:

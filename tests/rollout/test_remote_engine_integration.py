@@ -22,7 +22,7 @@ import torch
 
 from arealite.api.config import GenerationHyperparameters, InferenceEngineConfig
 from arealite.api.io_struct import ModelRequest, ParamSpec, WeightUpdateMeta
-from arealite.engine.sglang_remote import RemoteSGLangEngine
+from arealite.rollout.remote_engine import RemoteSGLangEngine
 from arealite.rollout.weight_sync import write_disk_marker
 from arealite.utils.network import LOOPBACK, find_free_port, find_free_ports, wait_http_ok
 from tests.procs import kill_group, log_tail
@@ -139,7 +139,7 @@ def test_killed_server_loses_no_request_and_is_readmitted(pool, caplog):
     try:
         n = 400
         reqs = [request(f"kill{i}", n) for i in range(12)]
-        with caplog.at_level("WARNING", logger="arealite.engine.sglang_remote"):
+        with caplog.at_level("WARNING", logger="arealite.rollout.remote_engine"):
             fut = start_all(eng, reqs)
             deadline = time.monotonic() + 10
             while eng.pool.servers[dead].inflight < 4 and time.monotonic() < deadline:

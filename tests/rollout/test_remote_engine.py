@@ -1,7 +1,7 @@
 """RemoteSGLangEngine against scripted SGLang-shaped servers: request validation, bodies,
 interrupted generations, retries, error shapes and the weight-update call sequence.
 
-(Behaviour against real embedded servers: test_sglang_remote_integration.py.)
+(Behaviour against real embedded servers: test_remote_engine_integration.py.)
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 
 from arealite.api.config import GenerationHyperparameters, InferenceEngineConfig
 from arealite.api.io_struct import ModelRequest, ParamSpec, WeightUpdateMeta
-from arealite.engine.sglang_remote import GenerationError, RemoteSGLangEngine, parse_addrs
+from arealite.rollout.remote_engine import GenerationError, RemoteSGLangEngine, parse_addrs
 from arealite.rollout.weight_sync import WeightUpdateError, write_disk_marker
 from arealite.utils.network import LOOPBACK, find_free_port
 from tests.rollout.scripted_sglang import ScriptedServer, generate_reply
