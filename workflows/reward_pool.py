@@ -209,7 +209,7 @@ _pool_lock = threading.Lock()
 
 
 def default_workers() -> int:
-    return int(os.environ.get("AREALITE_REWARD_WORKERS", min(4, os.cpucount_reward() or 1)))
+    return int(os.environ.get("AREALITE_REWARD_WORKERS", min(4, os.cpu_count() or 1)))
 
 
 def get_reward_pool() -> RewardPool:

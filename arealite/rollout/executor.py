@@ -2,8 +2,10 @@
 admitted by the staleness gate, with bounded queues and counters.
 
 Threads: the trainer thread calls ``submit``/``wait``/``prepare_batch``; one daemon thread runs
-an asyncio loop (uvloop when installed) that launches episodes and hosts the engine's own
-coroutines (weight updates, health probes) through ``run_coroutine``.
+an asyncio loop (uvloop when installed) that launches episodes. The loop thread and the version
+clock belong to the engine, which lends them here (and runs its own coroutines, weight updates
+and health probes, on the same loop without going through the executor); an executor built
+without them (tests) makes its own.
 
 Backpressure (both bounds are ``config.queue_size``, by default (η+2)·B + M per rank, at
 least 16):
@@ -38,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from arealite.api.config import InferenceEngineConfig
-from arealite.api.io_struct import RolloutStat
+from arealite.api.io_struct import RolloutStat, VersionClock
 from arealite.api.trajectory import TensorDict, check_trajectory, concat_padded_tensors
 from arealite.api.workflow_api import RolloutWorkflow
 from arealite.rollout.data_cycle import DataCycle
@@ -77,10 +79,15 @@ class _Result:
 
 
 class WorkflowExecutor:
-    def __init__(self, config: InferenceEngineConfig, engine: Any):
+    def __init__(
+        self, config: InferenceEngineConfig, engine: Any, loop: LoopThread | None = None,
+        clock: VersionClock | None = None,
+    ):
         self.config = config
         self.engine = engine  # passed to arun_episode
+        self.clock = clock or VersionClock()  # read by the gate; set through set_version
         self.gate: StalenessManager | None = None
+        self._restored = False  # restore() before initialize(): counters applied there
         self.queue_size = 0
         self.default_timeout = config.request_timeout
         self._input: deque[_Pending] = deque()
@@ -92,7 +99,8 @@ class WorkflowExecutor:
         self._stale = 0
         self._fail_streak = 0  # episodes failed in a row (reset by any episode that finishes)
         self._last_failure = ""
-        self._lt = LoopThread("rollout-executor", on_exit=self._notify_all)
+        self._lt = loop or LoopThread("rollout-executor")
+        self._lt.on_exit = self._notify_all
         self._tasks: set[asyncio.Task] = set()
         self._running: dict[int, _Pending] = {}  # started episodes, by launch number
         self._launches = itertools.count()
@@ -106,9 +114,11 @@ class WorkflowExecutor:
         c = self.config
         self.gate = StalenessManager.per_rank(
             c.max_concurrent_rollouts, c.consumer_batch_size, c.max_head_offpolicyness,
-            train_data_parallel_size,
+            train_data_parallel_size, self.clock,
         )
         g = self.gate
+        if self._restored:
+            g.on_version_recovered(self.clock.value)
         self.queue_size = c.queue_size or max(16, (g.max_staleness + 2) * g.batch_size + g.max_concurrent)
         self._lt.start(self._launch_ready)
 
@@ -399,15 +409,23 @@ class WorkflowExecutor:
         return self._paused
 
     def set_version(self, version: int) -> None:
-        self.gate.set_version(version)
+        if self.gate is not None:
+            self.gate.set_version(version)  # under the gate's lock, with its counters
+        else:
+            self.clock.value = int(version)
         self._wake_loop()
 
     def get_version(self) -> int:
-        return self.gate.version
+        return self.clock.value
 
-    def on_version_recovered(self, version: int) -> None:
-        """Restart at ``version``: restore the gate's counters (see ``StalenessManager``)."""
-        self.gate.on_version_recovered(version)
+    def restore(self, version: int) -> None:
+        """Restart at ``version``: the gate's counters as if v·B trajectories were consumed (see
+        ``StalenessManager.on_version_recovered``). Before or after ``initialize``, alike."""
+        if self.gate is not None:
+            self.gate.on_version_recovered(version)
+        else:
+            self.clock.value = int(version)
+            self._restored = True
         self._wake_loop()
 
     def stat(self) -> RolloutStat:

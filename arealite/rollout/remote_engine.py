@@ -16,7 +16,10 @@ embedded ones) and the owner of the rollout executor.
 - Versions: per output token, from the server's ``weight_versions`` spans (else its
   ``weight_version``); a non-integer version string (SGLang's launch default ``"default"``) is
   read as the engine's version when the request started (see ``rollout.sglang_protocol``).
-- ``update_weights`` runs ``arealite.rollout.weight_sync`` on the executor's loop and returns a
+- The engine owns the event-loop thread (lent to the executor for its episodes) and the version
+  clock (``self.clock``, shared with the executor's staleness gate and, through the constructor,
+  with other engines of the same trainer rank).
+- ``update_weights`` runs ``arealite.rollout.weight_sync`` on the engine's loop and returns a
   ``concurrent.futures.Future``; the version moves only once every remaining server confirmed.
   Servers that fail an update leave the pool; the health probe re-admits a server only when its
   reported version is current (re-syncing it from disk first when the last update was a disk
@@ -42,11 +45,18 @@ import torch
 
 from arealite.api.config import InferenceEngineConfig
 from arealite.api.engine_api import InferenceEngine
-from arealite.api.io_struct import ModelRequest, ModelResponse, WeightUpdateMeta, WeightUpdateType
+from arealite.api.io_struct import (
+    ModelRequest,
+    ModelResponse,
+    VersionClock,
+    WeightUpdateMeta,
+    WeightUpdateType,
+)
 from arealite.api.trajectory import TensorDict
 from arealite.api.workflow_api import RolloutWorkflow
 from arealite.rollout.executor import WorkflowExecutor
 from arealite.rollout.health import ready_for_readmission
+from arealite.rollout.loop_thread import LoopThread
 from arealite.rollout.router import NoHealthyServer, ServerRouter
 from arealite.rollout.sglang_protocol import (
     ProtocolError,
@@ -70,6 +80,7 @@ from arealite.utils.http import (
     request_json,
     uncancel,
 )
+from arealite.utils.network import parse_addrs
 
 logger = logging.getLogger("arealite.rollout.remote_engine")
 
@@ -90,38 +101,21 @@ class GenerationError(RuntimeError):
         self.errors = errors or []
 
 
-def parse_addrs(value: str | list[str] | None) -> list[str]:
-    """``"h:p,h:p"`` or a list -> ``["h:p", ...]`` (an ``http://`` prefix is dropped)."""
-    if value is None:
-        return []
-    items = value.split(",") if isinstance(value, str) else list(value)
-    out = []
-    for it in items:
-        a = str(it).strip().removeprefix("http://").rstrip("/")
-        if not a:
-            continue
-        host, _, port = a.rpartition(":")
-        if not host or not port.isdigit():
-            raise ValueError(f"bad server address {it!r}: expected host:port")
-        out.append(a)
-    return out
-
-
 class RemoteSGLangEngine(InferenceEngine):
-    def __init__(self, config: InferenceEngineConfig):
+    def __init__(self, config: InferenceEngineConfig, clock: VersionClock | None = None):
         self.config = config
         self.addresses: list[str] = []
         self.pool: ServerRouter | None = None
-        self.executor = WorkflowExecutor(config, self)
+        self.clock = clock or VersionClock()  # the one weight version of this trainer rank
+        self.loop = LoopThread("rollout-executor")
+        self.executor = WorkflowExecutor(config, self, self.loop, self.clock)
         self.weight_sync = WeightSync(config.pause_mode, config.weight_update_timeout)
         self.last_weight_update = None  # WeightUpdateReport of the last successful update
         self._sessions = SessionCache()
-        self._version = 0
         self._updating = False  # between pause_generation and continue_generation
         self._last_disk: WeightUpdateMeta | None = None
         self._health_task: Any = None
         self._segment_ids = itertools.count(1)  # next() is atomic: shared by threads
-        self._recovered: int | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -139,17 +133,13 @@ class RemoteSGLangEngine(InferenceEngine):
         self.pool = ServerRouter(addrs, c.schedule_policy, c.sticky_rids, c.unhealthy_after_failures)
         self._urls = {a: f"http://{a}/generate" for a in addrs}
         self.executor.initialize(train_data_parallel_size or 1)
-        if self._recovered is not None:
-            self.executor.on_version_recovered(self._recovered)
-        else:
-            self.executor.set_version(self._version)
-        fut = self.executor.run_coroutine(self._wait_healthy(addrs, c.setup_timeout))
+        fut = self.loop.run(self._wait_healthy(addrs, c.setup_timeout))
         try:
             fut.result(c.setup_timeout + 10)
         except BaseException:
             self.destroy()
             raise
-        self._health_task = self.executor.run_coroutine(self._health_loop())
+        self._health_task = self.loop.run(self._health_loop())
 
     def destroy(self) -> None:
         if self._health_task is not None:
@@ -213,7 +203,7 @@ class RemoteSGLangEngine(InferenceEngine):
                 f"agenerate makes one sample (n_samples={g.n_samples}): call it once per sample"
             )
         rid, max_new = req.rid, g.max_new_tokens
-        start_version = self._version
+        start_version = self.clock.value
         t0 = time.monotonic()
         session, watch = self._sessions.get_with_watch()
         task = asyncio.current_task()
@@ -342,12 +332,12 @@ class RemoteSGLangEngine(InferenceEngine):
                 await asyncio.gather(*(self._probe(a) for a in bad), return_exceptions=True)
 
     async def _probe(self, addr: str) -> None:
-        current = self._version  # an update finishing meanwhile makes this probe stale
+        current = self.clock.value  # an update finishing meanwhile makes this probe stale
         ok = await ready_for_readmission(
             self._sessions.get(), addr, current, self._last_disk,
             max(5.0, self.config.health_check_interval), self.config.weight_update_timeout,
         )
-        if ok and not self._updating and self._version == current:
+        if ok and not self._updating and self.clock.value == current:
             self.pool.mark_healthy(addr)
 
     # ------------------------------------------------------------------ weights
@@ -356,7 +346,7 @@ class RemoteSGLangEngine(InferenceEngine):
         """Start moving every healthy server to ``meta.version`` (see ``weight_sync``)."""
         if self.pool is None:
             raise RuntimeError("RemoteSGLangEngine.initialize() has not been called")
-        return self.executor.run_coroutine(self._update_weights(meta))
+        return self.loop.run(self._update_weights(meta))
 
     def _set_updating(self, on: bool) -> None:
         # While set, aborted requests wait before resubmitting and the probe re-admits nobody.
@@ -392,17 +382,17 @@ class RemoteSGLangEngine(InferenceEngine):
         async def go() -> GroupLayout:
             return await group_layout(self._sessions.get(), self.pool.healthy_addrs(), timeout)
 
-        return self.executor.run_coroutine(go()).result(timeout + 5)
+        return self.loop.run(go()).result(timeout + 5)
 
     def get_weights_by_name(
         self, name: str, truncate_size: int = 100, timeout: float = 60.0
     ) -> dict[str, Any]:
         """``/get_weights_by_name`` on every healthy server: ``{addr: values}``."""
-        async def go() -> dict[str, Any]:  # the session belongs to the executor's loop
+        async def go() -> dict[str, Any]:  # the session belongs to the engine's loop
             addrs = self.pool.healthy_addrs()
             return await fetch_weights(self._sessions.get(), addrs, name, truncate_size, timeout)
 
-        return self.executor.run_coroutine(go()).result(timeout + 5)
+        return self.loop.run(go()).result(timeout + 5)
 
     def verify_weights(
         self, expected: dict[str, torch.Tensor], atol: float = 1e-5, truncate_size: int = 100
@@ -453,17 +443,14 @@ class RemoteSGLangEngine(InferenceEngine):
         self.executor.resume()
 
     def set_version(self, version: int) -> None:
-        self._version = int(version)
-        if self.executor.gate is not None:
-            self.executor.set_version(version)
+        self.executor.set_version(version)  # moves self.clock (the executor's is the same)
 
     def get_version(self) -> int:
-        return self._version
+        return self.clock.value
 
-    def on_version_recovered(self, version: int) -> None:
-        """After a restart at ``version`` (see ``StalenessManager.on_version_recovered``)."""
-        self._version = int(version)
-        if self.executor.gate is None:  # before initialize(): applied there
-            self._recovered = self._version
-        else:
-            self.executor.on_version_recovered(version)
+    def restore(self, version: int, data_state: dict[str, Any] | None = None) -> None:
+        """Resume a run at ``version`` in one call, before or after ``initialize``: the version,
+        the staleness counters it implies, and (async mode) ``prepare_batch``'s data state."""
+        self.executor.restore(version)
+        if data_state is not None:
+            self.executor.load_data_state(data_state)

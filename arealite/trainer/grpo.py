@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from arealite.api.config import GRPOConfig
-from arealite.api.io_struct import FinetuneSpec, SaveLoadMeta, WeightUpdateMeta
+from arealite.api.io_struct import FinetuneSpec, SaveLoadMeta
 from arealite.api.workflow_factory import build_workflow
 from arealite.dataset.loader import create_dataloader, load_rows
 from arealite.engine.ppo.actor import FSDPPPOActor
@@ -26,8 +26,9 @@ from arealite.trainer.common import (
     config_from_argv,
     dist_info,
     load_tokenizer,
-    run_dir,
+    push_weights,
     setup_logging,
+    weight_meta,
 )
 from arealite.trainer.rollout_stats import RolloutIdleMeter, batch_rollout_stats, evaluate
 from arealite.trainer.sample_log import SampleIdLog
@@ -53,10 +54,11 @@ def main(argv: list[str] | None = None) -> int:
     total_steps = min(ft.total_train_steps, config.total_train_steps or ft.total_train_steps)
 
     # Engines: the rollout client (staleness-gated), an evaluation client (no gate), the actor.
+    # One version clock per rank: the rollout client's, shared by the other two.
     rollout = RemoteSGLangEngine(config.rollout)
     eval_rollout = RemoteSGLangEngine(config.rollout.model_copy(
-        update={"max_head_offpolicyness": 1 << 20, "max_concurrent_rollouts": None}))
-    actor = FSDPPPOActor(config.actor, config.device, config.dist_backend, config.seed)
+        update={"max_head_offpolicyness": 1 << 20, "max_concurrent_rollouts": None}), rollout.clock)
+    actor = FSDPPPOActor(config.actor, config.device, config.dist_backend, config.seed, rollout.clock)
     actor.initialize(None, ft)
     ref = None
     if config.ref is not None:
@@ -67,29 +69,10 @@ def main(argv: list[str] | None = None) -> int:
     eval_workflow = build_workflow(config.workflow, eval_gconfig, tokenizer)
 
     # Weight updates: a disk folder per version, or one broadcast group for the whole run.
-    wu = config.weight_update
+    wu, weights_dir = config.weight_update, config.run_dir("weights")
     port = [wu.master_port or (find_free_port() if rank == 0 else 0)]
     if dist.is_initialized() and wu.type == "distributed":
         dist.broadcast_object_list(port, src=0)
-
-    def weight_meta(version: int) -> WeightUpdateMeta:
-        if wu.type == "disk":
-            return WeightUpdateMeta("disk", version, str(run_dir(config, "weights", f"v{version}")))
-        return WeightUpdateMeta(
-            "distributed", version, group_name=wu.group_name, master_address=wu.master_address,
-            master_port=port[0], bucket_size_mb=wu.bucket_size_mb, timeout=wu.timeout,
-            param_specs=actor.get_param_specs(wu.bucket_size_mb))
-
-    def push_weights(version: int) -> None:
-        meta = weight_meta(version)
-        fut = rollout.update_weights(meta) if rank == 0 else None
-        actor.upload_weights(meta)  # every rank gathers; rank 0 writes or broadcasts
-        if fut is not None:
-            fut.result(timeout=wu.timeout)
-        if dist.is_initialized():
-            dist.barrier()
-        for engine in (actor, rollout, eval_rollout):
-            engine.set_version(version)
 
     # Recovery: weights, optimizer, data position (the loader's, plus the epoch and, in async
     # mode, the rows in flight: the loader is past them), version and staleness counters.
@@ -108,19 +91,16 @@ def main(argv: list[str] | None = None) -> int:
         for ctl, state in ((saver, info.saver_state), (evaluator, info.evaluator_state), (checkpointer, info.checkpointer_state)):
             ctl.load_state_dict(state)
         start_step, version = info.step + 1, info.version
-        rollout.on_version_recovered(version)
+        rollout.restore(version)
     rollout.initialize(None, train_data_parallel_size=world)
     eval_rollout.initialize(None, train_data_parallel_size=1)
-    if info is not None:
-        push_weights(version)  # servers may hold other weights after a crash
-    else:
-        for engine in (actor, rollout, eval_rollout):
-            engine.set_version(0)
+    if info is not None:  # servers may hold other weights after a crash
+        push_weights(actor, rollout, weight_meta(wu, version, weights_dir, port[0], actor), rank, wu.timeout)
 
     # Steps are logged as step + 1: a resumed run keeps the lines up to its checkpoint's.
-    logger = StatsLogger(config.stats_logger, run_dir(config, "logs"), total_steps=total_steps,
+    logger = StatsLogger(config.stats_logger, config.run_dir("logs"), total_steps=total_steps,
                          start_step=start_step if info else None)
-    ids_log = SampleIdLog(run_dir(config, "logs"), start_step if info else None, rank)
+    ids_log = SampleIdLog(config.run_dir("logs"), start_step if info else None, rank)
     if valid_rows and info is None and rank == 0:
         logger.commit(0, evaluate(eval_rollout, eval_workflow, valid_rows, config.evaluator))
     idle_meter = RolloutIdleMeter(rollout)  # rollout/idle_ratio: no episode in flight
@@ -143,12 +123,12 @@ def main(argv: list[str] | None = None) -> int:
         with timer("weight_sync"):
             rollout.pause()
             version = step + 1
-            push_weights(version)
+            push_weights(actor, rollout, weight_meta(wu, version, weights_dir, port[0], actor), rank, wu.timeout)
             rollout.resume()
 
         epoch_done = int((step + 1) % ft.steps_per_epoch == 0)
         if saver.check(epochs=epoch_done, steps=1) or step + 1 == total_steps:
-            actor.save(SaveLoadMeta(str(run_dir(config, "checkpoints", f"step{step + 1}")), "hf", tokenizer=tokenizer))
+            actor.save(SaveLoadMeta(str(config.run_dir("checkpoints", f"step{step + 1}")), "hf", tokenizer=tokenizer))
         stats.update(batch_rollout_stats(batch, rollout, version, time.perf_counter() - t0))
         stats.update(idle_meter.take())
         if valid_rows and rank == 0 and (evaluator.check(steps=1) or step + 1 == total_steps):

@@ -17,7 +17,7 @@ import pytest
 from arealite.api.config import GenerationHyperparameters, InferenceEngineConfig
 from arealite.api.io_struct import ModelRequest, ParamSpec, WeightUpdateMeta
 from arealite.rollout.remote_engine import GenerationError, RemoteSGLangEngine, parse_addrs
-from arealite.rollout.weight_sync import WeightUpdateError, write_disk_marker
+from arealite.rollout.weight_sync import WeightUpdateError
 from arealite.utils.network import LOOPBACK, find_free_port
 from tests.rollout.scripted_sglang import ScriptedServer, generate_reply
 
@@ -308,7 +308,7 @@ def test_disk_update_sequence_waits_for_marker(servers, engines, tmp_path):
     (tmp_path / "arealite_weights_ready.json").write_text(json.dumps({"version": 0}))  # stale marker
     time.sleep(0.3)
     assert not fut.done()
-    write_disk_marker(meta)
+    meta.write_disk_marker()
     assert fut.result(10) is None
     seq = ["/pause_generation", "/begin_weight_update", "/update_weights_from_disk",
            "/end_weight_update", "/continue_generation"]
@@ -327,7 +327,7 @@ def test_failed_server_is_taken_out_and_the_rest_move_on(servers, engines, tmp_p
     )
     eng = engines([a, b])
     meta = WeightUpdateMeta(type="disk", version=2, path=str(tmp_path))
-    write_disk_marker(meta)
+    meta.write_disk_marker()
     eng.update_weights(meta).result(10)
     assert eng.get_version() == 2
     assert eng.pool.healthy_addrs() == [a.addr]
@@ -343,7 +343,7 @@ def test_probe_resyncs_a_stale_server_from_the_last_disk_update(servers, engines
     a, b = servers(2)
     eng = engines([a, b])
     meta = WeightUpdateMeta(type="disk", version=1, path=str(tmp_path))
-    write_disk_marker(meta)
+    meta.write_disk_marker()
     eng.update_weights(meta).result(10)
     eng.pool.mark_unhealthy(b.addr, "restarted")
     b.version = "0"  # as if it came back with its launch weights
@@ -369,7 +369,7 @@ def test_every_server_failing_raises_and_version_stays(servers, engines, tmp_pat
         s.on_control["/update_weights_from_disk"] = lambda body: (400, {"success": False, "message": "nope"})
     eng = engines([a, b])
     meta = WeightUpdateMeta(type="disk", version=1, path=str(tmp_path))
-    write_disk_marker(meta)
+    meta.write_disk_marker()
     with pytest.raises(WeightUpdateError, match="failed on every server"):
         eng.update_weights(meta).result(10)
     assert eng.get_version() == 0

@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from arealite.api.config import PPOActorConfig
 from arealite.api.engine_api import TrainEngine
+from arealite.api.io_struct import VersionClock
 from arealite.api.trajectory import TensorDict
 from arealite.engine.fsdp_engine import FSDPEngine
 from arealite.engine.ppo.advantages import (
@@ -156,8 +157,8 @@ class FSDPPPOActor(FSDPEngine):
     (``optimizer: null`` in its config, use only ``compute_logp``)."""
 
     def __init__(self, config: PPOActorConfig, device: str = "auto", backend: str = "auto",
-                 seed: int = 1):
-        super().__init__(config, device=device, backend=backend, seed=seed)
+                 seed: int = 1, clock: VersionClock | None = None):
+        super().__init__(config, device=device, backend=backend, seed=seed, clock=clock)
         self.actor = PPOActor(config, self)
 
     def initialize(self, addr=None, ft_spec=None) -> None:
