@@ -105,6 +105,9 @@ class WorkflowExecutor:
         self._running: dict[int, _Pending] = {}  # started episodes, by launch number
         self._launches = itertools.count()
         self._data = DataCycle()
+        # Idle time (no episode in flight), counted where _running goes 0 -> 1 and back.
+        self._idle_s = 0.0
+        self._idle_since = self._window_start = time.perf_counter()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -120,6 +123,7 @@ class WorkflowExecutor:
         if self._restored:
             g.on_version_recovered(self.clock.value)
         self.queue_size = c.queue_size or max(16, (g.max_staleness + 2) * g.batch_size + g.max_concurrent)
+        self._idle_since = self._window_start = time.perf_counter()
         self._lt.start(self._launch_ready)
 
     def destroy(self, cleanup: Callable[[], Coroutine] | None = None, timeout: float = 10.0) -> None:
@@ -175,6 +179,8 @@ class WorkflowExecutor:
                     return
                 item = self._input.popleft()
                 key = next(self._launches)
+                if not self._running:  # idle ends
+                    self._idle_s += time.perf_counter() - self._idle_since
                 self._running[key] = item
                 start_version = g.version
                 self._cond.notify_all()  # room in the input queue
@@ -191,7 +197,7 @@ class WorkflowExecutor:
         except asyncio.CancelledError:
             g.on_fail()
             with self._cond:
-                self._running.pop(key, None)
+                self._end_locked(key)
             raise
         except Exception as e:  # noqa: BLE001 - a workflow bug must not kill the loop
             g.on_fail()
@@ -199,12 +205,12 @@ class WorkflowExecutor:
             self._last_failure = f"{type(e).__name__}: {e}"
             logger.exception("workflow %s failed on one episode", type(item.workflow).__name__)
             with self._cond:
-                self._running.pop(key, None)
+                self._end_locked(key)
             self._finish_group(item.group)
         else:
             self._fail_streak = 0
             with self._cond:
-                self._running.pop(key, None)  # with the append below: never in neither place
+                self._end_locked(key)  # with the append below: never in neither place
                 if traj is None:
                     g.on_reject()
                 else:
@@ -214,6 +220,12 @@ class WorkflowExecutor:
                 self._cond.notify_all()
         finally:
             self._lt.wake_here()
+
+    def _end_locked(self, key: int) -> None:
+        """Episode ``key`` is no longer running (call under ``_cond``); the last one starts idle."""
+        self._running.pop(key, None)
+        if not self._running:
+            self._idle_since = time.perf_counter()
 
     def _finish_group(self, group: int | None) -> None:
         with self._cond:
@@ -466,6 +478,19 @@ class WorkflowExecutor:
             "pending": pending, "ready": ready, "capacity": self.gate.capacity(),
             "version": self.gate.version,
         }
+
+    def idle_stats(self) -> dict[str, float]:
+        """``rollout/idle_s``: wall time with no episode in flight (so the servers generate
+        nothing for training) since the previous call (the first: since ``initialize``), and
+        ``rollout/idle_ratio``, its share of that window."""
+        now = time.perf_counter()
+        with self._cond:
+            idle = self._idle_s + (0.0 if self._running else now - self._idle_since)
+            self._idle_s = 0.0
+            if not self._running:
+                self._idle_since = now
+            span, self._window_start = now - self._window_start, now
+        return {"rollout/idle_s": idle, "rollout/idle_ratio": min(1.0, idle / max(span, 1e-9))}
 
     def _describe(self) -> str:
         c = self.counters() if self.gate is not None else {}

@@ -436,6 +436,10 @@ class RemoteSGLangEngine(InferenceEngine):
     def load_data_state(self, state: dict[str, Any]) -> None:
         self.executor.load_data_state(state)
 
+    def idle_stats(self) -> dict[str, float]:
+        """The executor's idle time and ratio since the previous call (see ``WorkflowExecutor``)."""
+        return self.executor.idle_stats()
+
     def pause(self) -> None:
         self.executor.pause()
 

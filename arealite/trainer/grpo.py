@@ -30,7 +30,7 @@ from arealite.trainer.common import (
     setup_logging,
     weight_meta,
 )
-from arealite.trainer.rollout_stats import RolloutIdleMeter, batch_rollout_stats, evaluate
+from arealite.trainer.rollout_stats import batch_rollout_stats, evaluate
 from arealite.trainer.sample_log import SampleIdLog
 from arealite.utils import recover as rec
 from arealite.utils import stats_tracker
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     ids_log = SampleIdLog(config.run_dir("logs"), start_step if info else None, rank)
     if valid_rows and info is None and rank == 0:
         logger.commit(0, evaluate(eval_rollout, eval_workflow, valid_rows, config.evaluator))
-    idle_meter = RolloutIdleMeter(rollout)  # rollout/idle_ratio: no episode in flight
+    rollout.idle_stats()  # rollout/idle_ratio (no episode in flight): the first window opens here
     for step in range(start_step, total_steps):
         epoch = step // ft.steps_per_epoch
         t0 = time.perf_counter()
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         if saver.check(epochs=epoch_done, steps=1) or step + 1 == total_steps:
             actor.save(SaveLoadMeta(str(config.run_dir("checkpoints", f"step{step + 1}")), "hf", tokenizer=tokenizer))
         stats.update(batch_rollout_stats(batch, rollout, version, time.perf_counter() - t0))
-        stats.update(idle_meter.take())
+        stats.update(rollout.idle_stats())
         if valid_rows and rank == 0 and (evaluator.check(steps=1) or step + 1 == total_steps):
             stats.update(evaluate(eval_rollout, eval_workflow, valid_rows, config.evaluator))
         stats.update(stats_tracker.export())
@@ -144,7 +144,6 @@ def main(argv: list[str] | None = None) -> int:
                                    extra={"data": data_state()})
             rec.save_checkpoint(rec.recover_root(config), info, lambda d: actor.save(SaveLoadMeta(str(d), "dcp", with_optim=True)))
 
-    idle_meter.close()
     logger.close()
     for engine in (rollout, eval_rollout, actor):
         engine.destroy()
