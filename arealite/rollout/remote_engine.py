@@ -16,6 +16,8 @@ embedded ones) and the owner of the rollout executor.
 - Versions: per output token, from the server's ``weight_versions`` spans (else its
   ``weight_version``); a non-integer version string (SGLang's launch default ``"default"``) is
   read as the engine's version when the request started (see ``rollout.sglang_protocol``).
+- Bodies and answers belong to the backend's ``GenerateProtocol`` (``rollout.backend``; SGLang's
+  by default): another backend is another protocol object, not another client.
 - The engine owns the event-loop thread (lent to the executor for its episodes) and the version
   clock (``self.clock``, shared with the executor's staleness gate and, through the constructor,
   with other engines of the same trainer rank).
@@ -54,15 +56,12 @@ from arealite.api.io_struct import (
 )
 from arealite.api.trajectory import TensorDict
 from arealite.api.workflow_api import RolloutWorkflow
+from arealite.rollout.backend import GenerateProtocol, ProtocolError
 from arealite.rollout.executor import WorkflowExecutor
 from arealite.rollout.health import ready_for_readmission
 from arealite.rollout.loop_thread import LoopThread
 from arealite.rollout.router import NoHealthyServer, ServerRouter
-from arealite.rollout.sglang_protocol import (
-    ProtocolError,
-    encode_generate_body,
-    parse_generate_response,
-)
+from arealite.rollout.sglang_protocol import SGLANG
 from arealite.rollout.weight_check import fetch_weights, weight_mismatches
 from arealite.rollout.weight_sync import (
     GroupLayout,
@@ -102,8 +101,12 @@ class GenerationError(RuntimeError):
 
 
 class RemoteSGLangEngine(InferenceEngine):
-    def __init__(self, config: InferenceEngineConfig, clock: VersionClock | None = None):
+    def __init__(
+        self, config: InferenceEngineConfig, clock: VersionClock | None = None,
+        protocol: GenerateProtocol = SGLANG,
+    ):
         self.config = config
+        self.protocol = protocol
         self.addresses: list[str] = []
         self.pool: ServerRouter | None = None
         self.clock = clock or VersionClock()  # the one weight version of this trainer rank
@@ -131,7 +134,7 @@ class RemoteSGLangEngine(InferenceEngine):
         c = self.config
         self.addresses = addrs
         self.pool = ServerRouter(addrs, c.schedule_policy, c.sticky_rids, c.unhealthy_after_failures)
-        self._urls = {a: f"http://{a}/generate" for a in addrs}
+        self._urls = {a: f"http://{a}{self.protocol.generate_path}" for a in addrs}
         self.executor.initialize(train_data_parallel_size or 1)
         fut = self.loop.run(self._wait_healthy(addrs, c.setup_timeout))
         try:
@@ -209,7 +212,8 @@ class RemoteSGLangEngine(InferenceEngine):
         task = asyncio.current_task()
         # The response's own copy of the prompt (never mutated) is also the first body's ids.
         prompt = list(req.input_ids)
-        body = encode_generate_body(prompt, g, max_new, self._segment_rid(rid), 0, ids_json)
+        proto = self.protocol
+        body = proto.encode_generate_body(prompt, g, max_new, self._segment_rid(rid), 0, ids_json)
         tokens: list[int] | None = None  # then the first segment's lists, no copies
         logprobs: list[float] | None = None
         versions: list[int] | None = None
@@ -241,7 +245,7 @@ class RemoteSGLangEngine(InferenceEngine):
                     finally:
                         fired = watch.remove(task)
                     if status == 200:
-                        seg = parse_generate_response(json.loads(raw), start_version)
+                        seg = proto.parse_generate_response(json.loads(raw), start_version)
                         ok = True
                         break
                     reason = self._rejection(rid, addr, status, raw, r.headers)
@@ -288,7 +292,7 @@ class RemoteSGLangEngine(InferenceEngine):
             await self._wait_unpaused(rid)
             if empty_aborts:  # repeated empty aborts while not paused: do not spin
                 await asyncio.sleep(min(0.05 * empty_aborts, 1.0))
-            body = encode_generate_body(
+            body = proto.encode_generate_body(
                 prompt + tokens, g, max_new - done, self._segment_rid(rid), done
             )
         latency = time.monotonic() - t0

@@ -97,6 +97,35 @@ def test_generate_body_and_response(servers, engines):
     assert 0 < r.ttft <= r.latency
 
 
+def test_bodies_and_answers_go_through_the_backend_protocol(servers):
+    """The backend seam: a protocol object of another shape is all the client needs."""
+    from arealite.rollout.sglang_protocol import SGLANG
+
+    calls = []
+
+    class Recording:  # SGLang's wire format, counted
+        generate_path = SGLANG.generate_path
+
+        @staticmethod
+        def encode_generate_body(*a, **k):
+            calls.append("encode")
+            return SGLANG.encode_generate_body(*a, **k)
+
+        @staticmethod
+        def parse_generate_response(*a, **k):
+            calls.append("parse")
+            return SGLANG.parse_generate_response(*a, **k)
+
+    (s,) = servers(1)
+    eng = RemoteSGLangEngine(InferenceEngineConfig(setup_timeout=10), protocol=Recording())
+    eng.initialize([s.addr])
+    try:
+        assert gen(eng, req(n=2)).output_tokens == [4, 5]
+    finally:
+        eng.destroy()
+    assert calls == ["encode", "parse"]
+
+
 def test_abort_waits_while_paused_then_resumes_with_the_rest(servers, engines):
     (s,) = servers(1)
 
