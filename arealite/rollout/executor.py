@@ -99,6 +99,7 @@ class WorkflowExecutor:
         self._stale = 0
         self._fail_streak = 0  # episodes failed in a row (reset by any episode that finishes)
         self._last_failure = ""
+        self._owns_loop = loop is None  # a lent loop is started and stopped by its owner
         self._lt = loop or LoopThread("rollout-executor")
         self._lt.on_exit = self._notify_all
         self._tasks: set[asyncio.Task] = set()
@@ -124,14 +125,17 @@ class WorkflowExecutor:
             g.on_version_recovered(self.clock.value)
         self.queue_size = c.queue_size or max(16, (g.max_staleness + 2) * g.batch_size + g.max_concurrent)
         self._idle_since = self._window_start = time.perf_counter()
-        self._lt.start(self._launch_ready)
+        if self._owns_loop:
+            self._lt.start(self.launch_ready)
 
     def destroy(self, cleanup: Callable[[], Coroutine] | None = None, timeout: float = 10.0) -> None:
-        """Cancel running episodes, run ``cleanup`` (e.g. close HTTP sessions) on the loop, stop."""
-        if self._lt.alive:
-            self._lt.stop(self._shutdown(cleanup), timeout)
+        """Cancel running episodes, run ``cleanup`` on the loop and stop it (an executor that
+        owns its loop; a lent loop's owner calls ``loop.stop(executor.shutdown(...))``)."""
+        if self._owns_loop and self._lt.alive:
+            self._lt.stop(self.shutdown(cleanup), timeout)
 
-    async def _shutdown(self, cleanup: Callable[[], Coroutine] | None) -> None:
+    async def shutdown(self, cleanup: Callable[[], Coroutine] | None = None) -> None:
+        """On the loop: launch nothing more, cancel running episodes, then ``cleanup``."""
         self._paused = True  # launch nothing more
         for t in list(self._tasks):
             t.cancel()
@@ -167,7 +171,8 @@ class WorkflowExecutor:
 
     # ------------------------------------------------------------------ the loop side
 
-    def _launch_ready(self) -> None:
+    def launch_ready(self) -> None:
+        """The loop's step: start every queued episode the gate admits (run on each wake-up)."""
         g = self.gate
         while not self._paused and not self._lt.stopping:
             with self._cond:

@@ -136,6 +136,7 @@ class RemoteSGLangEngine(InferenceEngine):
         self.pool = ServerRouter(addrs, c.schedule_policy, c.sticky_rids, c.unhealthy_after_failures)
         self._urls = {a: f"http://{a}{self.protocol.generate_path}" for a in addrs}
         self.executor.initialize(train_data_parallel_size or 1)
+        self.loop.start(self.executor.launch_ready)  # ours, lent to the executor's episodes
         fut = self.loop.run(self._wait_healthy(addrs, c.setup_timeout))
         try:
             fut.result(c.setup_timeout + 10)
@@ -148,8 +149,8 @@ class RemoteSGLangEngine(InferenceEngine):
         if self._health_task is not None:
             self._health_task.cancel()
             self._health_task = None
-        if self.executor.running:
-            self.executor.destroy(cleanup=self._cleanup)
+        if self.loop.alive:
+            self.loop.stop(self.executor.shutdown(self._cleanup))
 
     async def _cleanup(self) -> None:
         if self.pool is not None and self.weight_sync.group is not None:
