@@ -44,6 +44,7 @@ from arealite.api.io_struct import RolloutStat, VersionClock
 from arealite.api.trajectory import TensorDict, check_trajectory, concat_padded_tensors
 from arealite.api.workflow_api import RolloutWorkflow
 from arealite.rollout.data_cycle import DataCycle
+from arealite.rollout.idle import IdleMeter
 from arealite.rollout.loop_thread import LoopThread
 from arealite.rollout.staleness import StalenessManager
 
@@ -106,9 +107,7 @@ class WorkflowExecutor:
         self._running: dict[int, _Pending] = {}  # started episodes, by launch number
         self._launches = itertools.count()
         self._data = DataCycle()
-        # Idle time (no episode in flight), counted where _running goes 0 -> 1 and back.
-        self._idle_s = 0.0
-        self._idle_since = self._window_start = time.perf_counter()
+        self._idle = IdleMeter()  # fed where _running goes 0 -> 1 and back
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -124,7 +123,7 @@ class WorkflowExecutor:
         if self._restored:
             g.on_version_recovered(self.clock.value)
         self.queue_size = c.queue_size or max(16, (g.max_staleness + 2) * g.batch_size + g.max_concurrent)
-        self._idle_since = self._window_start = time.perf_counter()
+        self._idle.restart()
         if self._owns_loop:
             self._lt.start(self.launch_ready)
 
@@ -184,8 +183,8 @@ class WorkflowExecutor:
                     return
                 item = self._input.popleft()
                 key = next(self._launches)
-                if not self._running:  # idle ends
-                    self._idle_s += time.perf_counter() - self._idle_since
+                if not self._running:
+                    self._idle.busy()
                 self._running[key] = item
                 start_version = g.version
                 self._cond.notify_all()  # room in the input queue
@@ -230,7 +229,7 @@ class WorkflowExecutor:
         """Episode ``key`` is no longer running (call under ``_cond``); the last one starts idle."""
         self._running.pop(key, None)
         if not self._running:
-            self._idle_since = time.perf_counter()
+            self._idle.idle()
 
     def _finish_group(self, group: int | None) -> None:
         with self._cond:
@@ -488,14 +487,8 @@ class WorkflowExecutor:
         """``rollout/idle_s``: wall time with no episode in flight (so the servers generate
         nothing for training) since the previous call (the first: since ``initialize``), and
         ``rollout/idle_ratio``, its share of that window."""
-        now = time.perf_counter()
         with self._cond:
-            idle = self._idle_s + (0.0 if self._running else now - self._idle_since)
-            self._idle_s = 0.0
-            if not self._running:
-                self._idle_since = now
-            span, self._window_start = now - self._window_start, now
-        return {"rollout/idle_s": idle, "rollout/idle_ratio": min(1.0, idle / max(span, 1e-9))}
+            return self._idle.take(bool(self._running))
 
     def _describe(self) -> str:
         c = self.counters() if self.gate is not None else {}
