@@ -11,7 +11,7 @@ each goes through the local launcher (``arealite.launcher.local.main``) with its
 - ``async-eta1``, ``async-eta2``, ``async-eta4``: ``prepare_batch`` with η = 1, 2, 4.
 - ``async-eta4-naive``: η = 4 with naive PPO: ``actor.use_decoupled_loss=false
   actor.recompute_logprob=false``, i.e. the standard clipped loss against the behaviour
-  logprobs the servers reported (``arealite/utils/functional.py``), no proximal policy.
+  logprobs the servers reported (``arealite/engine/ppo/loss.py``), no proximal policy.
 
 Workload: the toy arithmetic task with long-tailed generation lengths
 (``benchmarks.longtail_workflow``): a fraction ``--tail-fraction`` of the samples decode

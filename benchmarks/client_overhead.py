@@ -110,7 +110,7 @@ def main() -> None:
     rounds = args.rounds or (5 if args.quick else 15)
 
     from arealite.api.config import InferenceEngineConfig
-    from arealite.engine.sglang_remote import RemoteSGLangEngine
+    from arealite.rollout.remote_engine import RemoteSGLangEngine
     from arealite.rollout.sglang_protocol import generate_payload
 
     port = find_free_port()

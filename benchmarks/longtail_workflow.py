@@ -31,7 +31,7 @@ import torch
 from arealite.api.config import GenerationHyperparameters
 from arealite.api.engine_api import InferenceEngine
 from arealite.api.io_struct import ModelRequest, ModelResponse
-from arealite.utils.data import pad_sequences_to_tensors
+from arealite.api.trajectory import pad_sequences_to_tensors
 from workflows.prompting import check_response, sample_id
 from workflows.rlvr import RLVRWorkflow, trajectory_row
 

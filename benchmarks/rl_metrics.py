@@ -11,7 +11,7 @@ Definitions (N = number of trainer steps, i = one step, all times in seconds):
 - ``trainer_idle``: sum of ``timeperf/rollout_wait`` over sum of ``timeperf/step``: the share of
   its time the trainer waits for trajectories.
 - ``rollout_idle``: sum of ``rollout/idle_s`` over ``wall_s``: the share of time with no episode in
-  flight (``arealite.trainer.rollout_stats.RolloutIdleMeter``).
+  flight (``arealite.rollout.executor.WorkflowExecutor.idle_stats``).
 - phase times: per-step means of ``rollout_wait`` (G when the run is sync), ``logp``, ``update``,
   ``weight_sync`` and ``other`` (step minus the four: saving, statistics, logging). The trainer
   phase T = step - rollout_wait.

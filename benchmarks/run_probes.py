@@ -83,8 +83,8 @@ def _profile_worker(model: str, budget: int, tail_fraction: float, tail_tokens: 
 
     from arealite.api.config import OptimizerConfig, PPOActorConfig
     from arealite.api.io_struct import FinetuneSpec
+    from arealite.api.trajectory import pad_sequences_to_tensors
     from arealite.engine.ppo.actor import FSDPPPOActor
-    from arealite.utils.data import pad_sequences_to_tensors
 
     torch.set_num_threads(1)
     rng = random.Random(0)

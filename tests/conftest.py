@@ -1,4 +1,5 @@
-"""Shared fixtures: the tiny model (built once per session), toy data, and process helpers."""
+"""Shared fixtures: the tiny model and its tokenizer (built once per session), a local HF
+engine on it, toy data, and process helpers."""
 
 from __future__ import annotations
 
@@ -18,6 +19,20 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     from arealite.models.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny_model"))
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tiny_model_dir))
+
+
+@pytest.fixture(scope="session")
+def local_engine(tiny_model_dir):
+    from tests.workflows.wf_local_engine import LocalHFEngine
+
+    return LocalHFEngine(str(tiny_model_dir), version=3)
 
 
 @pytest.fixture(scope="session")

@@ -21,7 +21,7 @@ import torch
 from arealite.api.config import GenerationHyperparameters
 from arealite.api.engine_api import InferenceEngine
 from arealite.api.io_struct import ModelRequest
-from arealite.utils.data import pad_sequences_to_tensors
+from arealite.api.trajectory import pad_sequences_to_tensors
 from workflows.dump import dump_samples
 from workflows.prompting import check_response, encode_text, render_chat, sample_id
 from workflows.rlvr import RLVRWorkflow

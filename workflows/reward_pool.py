@@ -8,7 +8,8 @@ trainer runs torch threads, and ``fork`` after threads is unsafe).
 
 - A call that runs past its timeout kills its worker (a replacement is started) and gives 0.
 - A call that raises, returns a non-number or NaN, or whose worker dies gives 0.
-- Every such outcome is counted; ``reward_stats()`` returns the counters for the stats logger.
+- Every such outcome is counted in ``arealite.api.reward_api`` (``reward_stats()``, re-exported
+  here), where the trainer's stats read them.
 - Per-function opt-out: a reward decorated with ``@inline_reward`` runs directly on the calling
   thread (no process hop, no timeout). Use it only for cheap, pure-Python functions that cannot
   hang (``workflows.rewards.toy.toy_reward`` is one); exceptions are still caught and counted.
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import functools
 import logging
 import math
 import multiprocessing as mp
@@ -30,60 +30,21 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+# The contract and counters are the API's; re-exported here, where reward authors look for them.
+from arealite.api.reward_api import (  # noqa: F401
+    check_reward_fn,
+    count_reward,
+    inline_reward,
+    is_inline,
+    reset_reward_stats,
+    reward_stats,
+)
+
 logger = logging.getLogger("workflows.reward_pool")
 
 # How long a fresh worker may take to import the reward's module (sympy, for example) before
 # its first call; this is not charged to the call's own timeout.
 LOAD_TIMEOUT = 120.0
-
-_COUNTER_NAMES = ("calls", "ok", "inline", "timeouts", "errors", "worker_crashes", "workers_started")
-_stats = dict.fromkeys(_COUNTER_NAMES, 0)
-_stats_lock = threading.Lock()
-
-
-def _count(name: str, n: int = 1) -> None:
-    with _stats_lock:
-        _stats[name] += n
-
-
-def reward_stats() -> dict[str, int]:
-    """Counters since start (or the last reset): calls, ok, inline, timeouts, errors,
-    worker_crashes, workers_started. ``timeouts + errors + worker_crashes`` calls scored 0."""
-    with _stats_lock:
-        return dict(_stats)
-
-
-def reset_reward_stats() -> None:
-    with _stats_lock:
-        for k in _stats:
-            _stats[k] = 0
-
-
-def inline_reward(fn: Callable) -> Callable:
-    """Mark ``fn`` to run on the caller's thread instead of the process pool (see above)."""
-    fn.arealite_inline = True
-    return fn
-
-
-def is_inline(fn: Callable) -> bool:
-    while isinstance(fn, functools.partial):
-        fn = fn.func
-    return bool(getattr(fn, "arealite_inline", False))
-
-
-def check_reward_fn(fn: Any) -> None:
-    """Raise a clear ``TypeError`` for a reward the pool cannot run."""
-    if not callable(fn):
-        raise TypeError(f"reward_fn must be callable, got {type(fn).__name__}")
-    if not is_inline(fn):
-        try:
-            pickle.dumps(fn)
-        except Exception as e:  # noqa: BLE001 - any pickling failure means the same thing
-            raise TypeError(
-                f"reward_fn {fn!r} cannot be sent to reward worker processes ({e}); define it at "
-                "module level (lambdas and closures are not importable), or mark a cheap one "
-                "with @workflows.reward_pool.inline_reward"
-            ) from None
 
 
 def _to_reward(value: Any) -> float:
@@ -132,7 +93,7 @@ class _Worker:
         child.close()
         self.conn = parent
         self.loaded: set[bytes] = set()
-        _count("workers_started")
+        count_reward("workers_started")
 
     def kill(self) -> None:
         try:
@@ -179,7 +140,7 @@ class RewardPool:
                 w = self._idle.pop()
                 if w.proc.is_alive():
                     return w
-                _count("worker_crashes")
+                count_reward("worker_crashes")
                 w.kill()
         return _Worker(self._ctx)
 
@@ -194,11 +155,11 @@ class RewardPool:
         """Blocking: the reward, or 0.0 on timeout / error / crash (each counted and logged)."""
         if self._closed:
             raise RuntimeError("the reward pool is shut down")
-        _count("calls")
+        count_reward("calls")
         try:
             body = pickle.dumps(fn)
         except Exception as e:  # noqa: BLE001
-            _count("errors")
+            count_reward("errors")
             logger.warning("reward %r is not picklable: %s; reward 0", fn, e)
             return 0.0
         key = body  # the pickled reference identifies the function in a worker's cache
@@ -215,18 +176,18 @@ class RewardPool:
             if status != "ok":
                 return self._failed(w, status, val, fn, time.monotonic() - t0)
             self._give_back(w)
-            _count("ok")
+            count_reward("ok")
             return val
 
     def _failed(self, w: _Worker, status: str, why: str, fn: Callable, dt: float = 0.0) -> float:
         name = getattr(fn, "__name__", type(fn).__name__)
         if status == "err":
             self._give_back(w)  # the worker itself is fine
-            _count("errors")
+            count_reward("errors")
             logger.warning("reward %s raised %s; reward 0", name, why)
         else:
             w.kill()  # a hung worker is killed; a new one starts on demand
-            _count("timeouts" if status == "timeout" else "worker_crashes")
+            count_reward("timeouts" if status == "timeout" else "worker_crashes")
             logger.warning("reward %s %s after %.1fs (%s); reward 0", name, status, dt, why)
         return 0.0
 
@@ -280,16 +241,16 @@ async def compute_reward(
     kwargs = {k: v for k, v in row.items() if k not in _RESERVED}
     args = (prompt, completion, list(prompt_ids), list(completion_ids))
     if is_inline(fn):
-        _count("calls")
-        _count("inline")
+        count_reward("calls")
+        count_reward("inline")
         try:
             r = _to_reward(fn(*args, **kwargs))
         except Exception as e:  # noqa: BLE001 - a reward bug costs this sample, not the episode
-            _count("errors")
+            count_reward("errors")
             logger.warning("inline reward %s raised %s: %s; reward 0",
                            getattr(fn, "__name__", fn), type(e).__name__, e)
             return 0.0
-        _count("ok")
+        count_reward("ok")
         return r
     return await get_reward_pool().acall(fn, *args, timeout=timeout, **kwargs)
 

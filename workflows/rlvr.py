@@ -1,5 +1,5 @@
 """RLVR: sample ``n_samples`` completions of one prompt, score each with a verifiable reward,
-return the group as one trajectory (contract: ``arealite.api.io_struct``)."""
+return the group as one trajectory (contract: ``arealite.api.trajectory``)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import torch
 from arealite.api.config import GenerationHyperparameters
 from arealite.api.engine_api import InferenceEngine
 from arealite.api.io_struct import ModelRequest, ModelResponse
+from arealite.api.trajectory import pad_sequences_to_tensors
 from arealite.api.workflow_api import RolloutWorkflow
-from arealite.utils.data import pad_sequences_to_tensors
 from workflows.dump import dump_samples
 from workflows.prompting import (
     check_response,

@@ -7,6 +7,7 @@ Loading, overrides and error messages live in ``arealite.api.config_loader``.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -349,6 +350,11 @@ class BaseExperimentConfig(BaseConfig):
     )
     evaluator: EvaluatorConfig = Field(default_factory=EvaluatorConfig)
     stats_logger: StatsLoggerConfig = Field(default_factory=StatsLoggerConfig)
+
+    def run_dir(self, *parts: str) -> Path:
+        """``{cluster.fileroot}/{experiment_name}/{trial_name}/parts...``: the one place that
+        says where a run's files (logs, weights, checkpoints, recovery) live."""
+        return Path(self.cluster.fileroot, self.experiment_name, self.trial_name, *parts)
 
 
 class SFTConfig(BaseExperimentConfig):

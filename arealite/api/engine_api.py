@@ -2,7 +2,7 @@
 
 ``TrainEngine`` is a model being trained (FSDP2 in ``arealite.engine.fsdp_engine``);
 ``InferenceEngine`` is the client of a pool of generation servers plus the rollout executor
-(``arealite.engine.sglang_remote``). Algorithms never branch on which implementation they hold.
+(``arealite.rollout.remote_engine``). Algorithms never branch on which implementation they hold.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -22,11 +22,8 @@ from arealite.api.io_struct import (
     SaveLoadMeta,
     WeightUpdateMeta,
 )
-
-if TYPE_CHECKING:
-    from arealite.api.workflow_api import RolloutWorkflow
-
-TensorDict = dict[str, torch.Tensor]
+from arealite.api.trajectory import TensorDict
+from arealite.api.workflow_api import RolloutWorkflow
 
 
 class TrainEngine(abc.ABC):

@@ -1,25 +1,13 @@
 """Data passed between the layers: requests, responses, weight-update and checkpoint metadata.
 
-Trajectory contract (what a ``RolloutWorkflow`` returns and the trainer consumes): a ``dict`` of
-tensors, all with leading dimension ``B`` (one row per sample), right-padded along dim 1:
-
-- ``input_ids``      ``[B, S]`` int64  prompt + completion tokens (pad id 0 past the end)
-- ``attention_mask`` ``[B, S]`` bool   True on real tokens (a prefix of each row)
-- ``loss_mask``      ``[B, S]`` bool   True on tokens the policy generated and is trained on
-- ``logprobs``       ``[B, S]`` float32 behaviour logprob of ``input_ids[b, t]`` (0 where not generated)
-- ``versions``       ``[B, S]`` int64  weight version that generated ``input_ids[b, t]``;
-                                       -1 on prompt, feedback and padding tokens
-- ``rewards``        ``[B]``    float32 scalar reward per sample
-
-Further keys are allowed when their leading dimension is ``B`` (e.g. ``sample_ids [B]``);
-``arealite.utils.data.concat_padded_tensors`` pads and concatenates trajectories of different
-lengths. A workflow returns ``None`` to reject an episode (it is counted, never trained on).
+The trajectory contract (what a ``RolloutWorkflow`` returns) is ``arealite.api.trajectory``.
 """
 
 from __future__ import annotations
 
 import enum
 import json
+import os
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -180,13 +168,60 @@ class WeightUpdateMeta:
         if self.type == WeightUpdateType.DISK and not self.path:
             raise ValueError("a disk weight update needs a path")
 
+    @classmethod
+    def disk(cls, version: int, root: str | os.PathLike, timeout: float = 600.0) -> WeightUpdateMeta:
+        """A disk update to ``version``: the HF files go to ``root/v<version>``."""
+        return cls(WeightUpdateType.DISK, version, os.path.join(root, f"v{version}"), timeout=timeout)
+
+    @classmethod
+    def broadcast(
+        cls, version: int, param_specs: list[list[ParamSpec]], master_port: int,
+        master_address: str = "127.0.0.1", group_name: str = "weight_update_group",
+        bucket_size_mb: float = 64.0, timeout: float = 600.0,
+    ) -> WeightUpdateMeta:
+        """A broadcast (``distributed``) update to ``version`` over the group at
+        ``master_address:master_port``, in the buckets of ``param_specs``."""
+        return cls(
+            WeightUpdateType.DISTRIBUTED, version, group_name=group_name,
+            master_address=master_address, master_port=master_port,
+            bucket_size_mb=bucket_size_mb, timeout=timeout, param_specs=param_specs,
+        )
+
+    # The disk-ready marker: the one writer (the trainer) and the one reader (the client).
+
     @property
     def disk_ready_marker(self) -> str:
         """File the trainer writes (``{"version": v}``) after the HF files of a disk update are
         complete; the client waits for it before asking servers to load ``path``."""
-        import os
-
         return os.path.join(self.path or "", DISK_READY_MARKER)
+
+    def write_disk_marker(self) -> None:
+        """``{"version": v}`` into ``disk_ready_marker``, durably (fsync) and atomically (temp
+        file + rename), so the reader never sees a partial marker."""
+        tmp = self.disk_ready_marker + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump({"version": int(self.version)}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.disk_ready_marker)
+
+    def read_disk_marker(self) -> Any:
+        """The version the marker holds; raises ``FileNotFoundError`` while it is missing and
+        ``ValueError``/``OSError`` when it cannot be read."""
+        with open(self.disk_ready_marker) as f:
+            return json.load(f).get("version")
+
+
+class VersionClock:
+    """The weight version one trainer rank works at: a single object that the rank's engines
+    (actor, rollout clients, staleness gate) share by reference, so ``set_version`` on any of
+    them moves it for all and no copy can lag behind. A plain attribute, so the client's hot
+    path reads it without a call."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: int = 0) -> None:
+        self.value = int(value)
 
 
 @dataclass

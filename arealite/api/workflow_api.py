@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import abc
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-import torch
+from arealite.api.io_struct import ModelRequest, ModelResponse
+from arealite.api.trajectory import TensorDict
 
-if TYPE_CHECKING:
-    from arealite.api.engine_api import InferenceEngine
+
+class GenerateEngine(Protocol):
+    """What an episode may call on the engine it is handed: one sample per request.
+
+    An ``InferenceEngine`` is one; so is any client or test double with ``agenerate``. Typed as
+    this protocol rather than as ``InferenceEngine`` so that the engine interface (which runs
+    workflows) and the workflow interface (which calls the engine) do not import each other.
+    """
+
+    async def agenerate(self, req: ModelRequest) -> ModelResponse: ...
 
 
 class RolloutWorkflow(abc.ABC):
@@ -16,12 +25,10 @@ class RolloutWorkflow(abc.ABC):
 
     ``arun_episode`` runs on the executor's event loop, many at once: never block it (no
     ``time.sleep``, no heavy CPU work; rewards go through a process pool). It returns a
-    trajectory dict following the contract in ``arealite.api.io_struct`` (padded ``[B, S]``
+    trajectory dict following the contract in ``arealite.api.trajectory`` (padded ``[B, S]``
     ``input_ids``, ``attention_mask``, ``loss_mask``, ``logprobs``, ``versions`` and
     ``rewards [B]``), or ``None`` to reject the episode.
     """
 
     @abc.abstractmethod
-    async def arun_episode(
-        self, engine: InferenceEngine, data: dict[str, Any]
-    ) -> dict[str, torch.Tensor] | None: ...
+    async def arun_episode(self, engine: GenerateEngine, data: dict[str, Any]) -> TensorDict | None: ...

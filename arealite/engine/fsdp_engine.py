@@ -9,7 +9,7 @@ Process group: under ``torchrun`` from ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/`
 a plain process becomes a world of one on a free port. Device (cpu/cuda), backend (gloo/nccl)
 and dtypes are configuration; the code path is the same everywhere.
 
-Data: ``train_batch``/``forward`` take a padded trajectory dict (``arealite.api.io_struct``),
+Data: ``train_batch``/``forward`` take a padded trajectory dict (``arealite.api.trajectory``),
 split it into micro-batches of at most ``max_tokens_per_mb`` tokens (first-fit-decreasing, the
 same count on every rank), pack each one into a single row and run the model on it with a
 block-diagonal causal mask (sdpa/eager) or varlen flash attention (``cu_seqlens``). Loss
@@ -29,15 +29,17 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from arealite.api.config import TrainEngineConfig
-from arealite.api.engine_api import TensorDict, TrainEngine
+from arealite.api.engine_api import TrainEngine
 from arealite.api.io_struct import (
     FinetuneSpec,
     ParamSpec,
     SaveLoadMeta,
+    VersionClock,
     WeightUpdateMeta,
     WeightUpdateType,
 )
-from arealite.engine.weight_upload import DistributedUploader, param_specs, write_disk_marker
+from arealite.api.trajectory import TensorDict
+from arealite.engine.weight_upload import DistributedUploader, param_specs
 from arealite.utils import checkpoint as ckpt
 from arealite.utils.data import (
     MicroBatchList,
@@ -94,6 +96,7 @@ class FSDPEngine(TrainEngine):
         device: str = "auto",
         backend: str = "auto",
         seed: int = 1,
+        clock: VersionClock | None = None,
     ):
         self.config = config
         self.device = resolve_device(device)
@@ -106,7 +109,7 @@ class FSDPEngine(TrainEngine):
         self.hf_config: Any = None
         self.rank, self.world_size = 0, 1
         self.dp_group: dist.ProcessGroup | None = None
-        self.version = 0
+        self.clock = clock or VersionClock()  # shared with the rank's rollout client when given
         self.global_step = 0
         self._uploader: DistributedUploader | None = None
         self._train_mode = True
@@ -327,7 +330,7 @@ class FSDPEngine(TrainEngine):
         if meta.type == WeightUpdateType.DISK:
             ckpt.save_hf(model, meta.path)
             if self.is_rank0:
-                write_disk_marker(meta)
+                meta.write_disk_marker()
             dist.barrier(group=self.dp_group)
             return
         secs = self._uploader.upload(model, meta, self.is_rank0)
@@ -341,7 +344,7 @@ class FSDPEngine(TrainEngine):
             ckpt.save_hf(model, meta.path, tokenizer=meta.tokenizer)
         elif meta.weight_format == "dcp":
             extra = {
-                "version": self.version,
+                "version": self.clock.value,
                 "global_step": self.global_step,
                 "lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler else None,
                 "world_size": self.world_size,
@@ -360,7 +363,7 @@ class FSDPEngine(TrainEngine):
             if meta.with_optim and self.optimizer is None:
                 raise ValueError("with_optim=True but this engine has no optimizer")
             extra = ckpt.load_dcp(model, self.optimizer if meta.with_optim else None, meta.path)
-            self.version = int(extra.get("version", 0))
+            self.clock.value = int(extra.get("version", 0))
             self.global_step = int(extra.get("global_step", 0))
             if meta.with_optim and self.lr_scheduler is not None and extra.get("lr_scheduler"):
                 self.lr_scheduler.load_state_dict(extra["lr_scheduler"])
@@ -368,10 +371,10 @@ class FSDPEngine(TrainEngine):
             raise ValueError(f"unknown weight_format {meta.weight_format!r}")
 
     def set_version(self, version: int) -> None:
-        self.version = int(version)
+        self.clock.value = int(version)
 
     def get_version(self) -> int:
-        return self.version
+        return self.clock.value
 
     def _comm_device(self) -> torch.device:
         return self.device if self.backend == "nccl" else torch.device("cpu")

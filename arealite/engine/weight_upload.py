@@ -1,7 +1,7 @@
 """The trainer's half of a weight update (protocol sections 5 and 6).
 
 Disk: every rank gathers, rank 0 writes an HF directory at ``meta.path`` and then, last, the
-marker ``meta.disk_ready_marker`` (``{"version": v}``, written to a temp file and renamed, so a
+marker ``meta.disk_ready_marker`` (``meta.write_disk_marker()``: ``{"version": v}``, fsynced, then renamed, so a
 reader never sees a partial marker) that the client waits for.
 
 Distributed: rank 0 joins the weight-update group exactly as SGLang builds it
@@ -16,10 +16,8 @@ hang, and all ranks raise the same ``WeightUploadError`` at the end.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import os
 import time
 from datetime import timedelta
 
@@ -77,16 +75,6 @@ def param_specs(model: nn.Module, bucket_size_mb: float) -> list[list[ParamSpec]
     if cur:
         buckets.append(cur)
     return buckets
-
-
-def write_disk_marker(meta: WeightUpdateMeta) -> None:
-    """``{"version": v}`` into ``meta.disk_ready_marker``, atomically (temp file + rename)."""
-    tmp = meta.disk_ready_marker + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump({"version": int(meta.version)}, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, meta.disk_ready_marker)
 
 
 class DistributedUploader:

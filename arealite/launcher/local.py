@@ -175,7 +175,7 @@ class LocalLauncher:
         mode = self.mode()
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.say(f"mode={mode}; logs in {self.log_dir}")
-        addrs_file = plan.run_dir(self.cfg) / "server_addrs"
+        addrs_file = self.cfg.run_dir("server_addrs")
         if servers:  # never leave an earlier run's addresses for a trainer to find
             addrs_file.unlink(missing_ok=True)
         try:

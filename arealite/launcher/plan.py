@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from arealite.api.config import BaseExperimentConfig, GRPOConfig, LauncherConfig
+from arealite.utils import network
 
 ADDRS_ENV = "AREAL_LLM_SERVER_ADDRS"
 SECRET_FLAGS = ("--api-key", "--admin-api-key")
@@ -45,12 +46,8 @@ class ProcSpec:
         return (env + " " if env else "") + shlex.join(cmd)
 
 
-def run_dir(config: BaseExperimentConfig) -> Path:
-    return Path(config.cluster.fileroot) / config.experiment_name / config.trial_name
-
-
 def log_dir(config: BaseExperimentConfig) -> Path:
-    return run_dir(config) / "logs"
+    return config.run_dir("logs")
 
 
 def launcher_config(config: BaseExperimentConfig) -> LauncherConfig:
@@ -63,18 +60,11 @@ def entry_module(config: BaseExperimentConfig) -> str:
 
 
 def parse_addrs(text: str | list[str], source: str) -> list[str]:
-    """``host:port,host:port`` (or a list) -> validated ``["host:port", ...]``."""
-    items = text.split(",") if isinstance(text, str) else list(text)
-    out = []
-    for raw in items:
-        a = raw.strip()
-        if not a:
-            continue
-        host, sep, port = a.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise LaunchError(f"{source}: '{a}' is not host:port")
-        out.append(a)
-    return out
+    """``network.parse_addrs`` with its error as a ``LaunchError`` (exit status 2)."""
+    try:
+        return network.parse_addrs(text, source)
+    except ValueError as e:
+        raise LaunchError(str(e)) from None
 
 
 def trainer_addrs(config: BaseExperimentConfig, environ: dict[str, str] | None = None) -> list[str]:

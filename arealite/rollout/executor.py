@@ -2,8 +2,10 @@
 admitted by the staleness gate, with bounded queues and counters.
 
 Threads: the trainer thread calls ``submit``/``wait``/``prepare_batch``; one daemon thread runs
-an asyncio loop (uvloop when installed) that launches episodes and hosts the engine's own
-coroutines (weight updates, health probes) through ``run_coroutine``.
+an asyncio loop (uvloop when installed) that launches episodes. The loop thread and the version
+clock belong to the engine, which lends them here (and runs its own coroutines, weight updates
+and health probes, on the same loop without going through the executor); an executor built
+without them (tests) makes its own.
 
 Backpressure (both bounds are ``config.queue_size``, by default (η+2)·B + M per rank, at
 least 16):
@@ -37,19 +39,16 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from arealite.api.config import InferenceEngineConfig
-from arealite.api.io_struct import RolloutStat
+from arealite.api.io_struct import RolloutStat, VersionClock
+from arealite.api.trajectory import TensorDict, check_trajectory, concat_padded_tensors
 from arealite.api.workflow_api import RolloutWorkflow
 from arealite.rollout.data_cycle import DataCycle
+from arealite.rollout.idle import IdleMeter
 from arealite.rollout.loop_thread import LoopThread
 from arealite.rollout.staleness import StalenessManager
-from arealite.utils.data import concat_padded_tensors
 
 logger = logging.getLogger("arealite.rollout.executor")
-
-TensorDict = dict[str, torch.Tensor]
 
 
 class RolloutQueueFull(RuntimeError):
@@ -80,24 +79,16 @@ class _Result:
     data: Any = None  # the row it came from: in flight until trained (see inflight_data)
 
 
-def check_trajectory(traj: Any) -> None:
-    """A workflow's return value must be a dict of tensors sharing their leading dimension."""
-    if not isinstance(traj, dict) or not traj:
-        raise TypeError(f"arun_episode must return a non-empty dict of tensors or None, got {type(traj).__name__}")
-    sizes = set()
-    for k, v in traj.items():
-        if not isinstance(v, torch.Tensor) or v.dim() == 0:
-            raise TypeError(f"trajectory key {k!r} is not a tensor with a batch dimension")
-        sizes.add(v.shape[0])
-    if len(sizes) != 1:
-        raise ValueError(f"trajectory tensors disagree on the batch dimension: {sorted(sizes)}")
-
-
 class WorkflowExecutor:
-    def __init__(self, config: InferenceEngineConfig, engine: Any):
+    def __init__(
+        self, config: InferenceEngineConfig, engine: Any, loop: LoopThread | None = None,
+        clock: VersionClock | None = None,
+    ):
         self.config = config
         self.engine = engine  # passed to arun_episode
+        self.clock = clock or VersionClock()  # read by the gate; set through set_version
         self.gate: StalenessManager | None = None
+        self._restored = False  # restore() before initialize(): counters applied there
         self.queue_size = 0
         self.default_timeout = config.request_timeout
         self._input: deque[_Pending] = deque()
@@ -109,11 +100,14 @@ class WorkflowExecutor:
         self._stale = 0
         self._fail_streak = 0  # episodes failed in a row (reset by any episode that finishes)
         self._last_failure = ""
-        self._lt = LoopThread("rollout-executor", on_exit=self._notify_all)
+        self._owns_loop = loop is None  # a lent loop is started and stopped by its owner
+        self._lt = loop or LoopThread("rollout-executor")
+        self._lt.on_exit = self._notify_all
         self._tasks: set[asyncio.Task] = set()
         self._running: dict[int, _Pending] = {}  # started episodes, by launch number
         self._launches = itertools.count()
         self._data = DataCycle()
+        self._idle = IdleMeter()  # fed where _running goes 0 -> 1 and back
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -123,18 +117,24 @@ class WorkflowExecutor:
         c = self.config
         self.gate = StalenessManager.per_rank(
             c.max_concurrent_rollouts, c.consumer_batch_size, c.max_head_offpolicyness,
-            train_data_parallel_size,
+            train_data_parallel_size, self.clock,
         )
         g = self.gate
+        if self._restored:
+            g.on_version_recovered(self.clock.value)
         self.queue_size = c.queue_size or max(16, (g.max_staleness + 2) * g.batch_size + g.max_concurrent)
-        self._lt.start(self._launch_ready)
+        self._idle.restart()
+        if self._owns_loop:
+            self._lt.start(self.launch_ready)
 
     def destroy(self, cleanup: Callable[[], Coroutine] | None = None, timeout: float = 10.0) -> None:
-        """Cancel running episodes, run ``cleanup`` (e.g. close HTTP sessions) on the loop, stop."""
-        if self._lt.alive:
-            self._lt.stop(self._shutdown(cleanup), timeout)
+        """Cancel running episodes, run ``cleanup`` on the loop and stop it (an executor that
+        owns its loop; a lent loop's owner calls ``loop.stop(executor.shutdown(...))``)."""
+        if self._owns_loop and self._lt.alive:
+            self._lt.stop(self.shutdown(cleanup), timeout)
 
-    async def _shutdown(self, cleanup: Callable[[], Coroutine] | None) -> None:
+    async def shutdown(self, cleanup: Callable[[], Coroutine] | None = None) -> None:
+        """On the loop: launch nothing more, cancel running episodes, then ``cleanup``."""
         self._paused = True  # launch nothing more
         for t in list(self._tasks):
             t.cancel()
@@ -170,7 +170,8 @@ class WorkflowExecutor:
 
     # ------------------------------------------------------------------ the loop side
 
-    def _launch_ready(self) -> None:
+    def launch_ready(self) -> None:
+        """The loop's step: start every queued episode the gate admits (run on each wake-up)."""
         g = self.gate
         while not self._paused and not self._lt.stopping:
             with self._cond:
@@ -182,6 +183,8 @@ class WorkflowExecutor:
                     return
                 item = self._input.popleft()
                 key = next(self._launches)
+                if not self._running:
+                    self._idle.busy()
                 self._running[key] = item
                 start_version = g.version
                 self._cond.notify_all()  # room in the input queue
@@ -198,7 +201,7 @@ class WorkflowExecutor:
         except asyncio.CancelledError:
             g.on_fail()
             with self._cond:
-                self._running.pop(key, None)
+                self._end_locked(key)
             raise
         except Exception as e:  # noqa: BLE001 - a workflow bug must not kill the loop
             g.on_fail()
@@ -206,12 +209,12 @@ class WorkflowExecutor:
             self._last_failure = f"{type(e).__name__}: {e}"
             logger.exception("workflow %s failed on one episode", type(item.workflow).__name__)
             with self._cond:
-                self._running.pop(key, None)
+                self._end_locked(key)
             self._finish_group(item.group)
         else:
             self._fail_streak = 0
             with self._cond:
-                self._running.pop(key, None)  # with the append below: never in neither place
+                self._end_locked(key)  # with the append below: never in neither place
                 if traj is None:
                     g.on_reject()
                 else:
@@ -221,6 +224,12 @@ class WorkflowExecutor:
                 self._cond.notify_all()
         finally:
             self._lt.wake_here()
+
+    def _end_locked(self, key: int) -> None:
+        """Episode ``key`` is no longer running (call under ``_cond``); the last one starts idle."""
+        self._running.pop(key, None)
+        if not self._running:
+            self._idle.idle()
 
     def _finish_group(self, group: int | None) -> None:
         with self._cond:
@@ -416,15 +425,23 @@ class WorkflowExecutor:
         return self._paused
 
     def set_version(self, version: int) -> None:
-        self.gate.set_version(version)
+        if self.gate is not None:
+            self.gate.set_version(version)  # under the gate's lock, with its counters
+        else:
+            self.clock.value = int(version)
         self._wake_loop()
 
     def get_version(self) -> int:
-        return self.gate.version
+        return self.clock.value
 
-    def on_version_recovered(self, version: int) -> None:
-        """Restart at ``version``: restore the gate's counters (see ``StalenessManager``)."""
-        self.gate.on_version_recovered(version)
+    def restore(self, version: int) -> None:
+        """Restart at ``version``: the gate's counters as if v·B trajectories were consumed (see
+        ``StalenessManager.on_version_recovered``). Before or after ``initialize``, alike."""
+        if self.gate is not None:
+            self.gate.on_version_recovered(version)
+        else:
+            self.clock.value = int(version)
+            self._restored = True
         self._wake_loop()
 
     def stat(self) -> RolloutStat:
@@ -465,6 +482,13 @@ class WorkflowExecutor:
             "pending": pending, "ready": ready, "capacity": self.gate.capacity(),
             "version": self.gate.version,
         }
+
+    def idle_stats(self) -> dict[str, float]:
+        """``rollout/idle_s``: wall time with no episode in flight (so the servers generate
+        nothing for training) since the previous call (the first: since ``initialize``), and
+        ``rollout/idle_ratio``, its share of that window."""
+        with self._cond:
+            return self._idle.take(bool(self._running))
 
     def _describe(self) -> str:
         c = self.counters() if self.gate is not None else {}

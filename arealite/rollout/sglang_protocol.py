@@ -1,4 +1,6 @@
-"""``/generate`` request bodies and response parsing, per ``docs/protocol.md`` (sections 3-4).
+"""``/generate`` request bodies and response parsing, per ``docs/protocol.md`` (sections 3-4):
+the ``GenerateProtocol`` (``arealite.rollout.backend``) of SGLang and of our embedded servers,
+``SGLANG`` at the bottom.
 
 Pure functions, no I/O: the engine builds a body per segment of a request and turns each answer
 into a ``Segment`` (tokens, logprobs, per-token versions, finish reason).
@@ -15,12 +17,12 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from arealite.api.config import GenerationHyperparameters
 from arealite.api.io_struct import token_ids_json
+from arealite.rollout.backend import ProtocolError, Segment
 
 # Every key SGLang's /generate contract accepts inside ``sampling_params`` (protocol 3.2,
 # ``api_types.SamplingParams``); the server rejects any other key with a 400.
@@ -37,10 +39,6 @@ SAMPLING_KEYS = frozenset(
 
 FINISH_TYPES = ("length", "stop", "abort")
 _NEG_INF = -math.inf
-
-
-class ProtocolError(RuntimeError):
-    """A server's answer does not have the shape the protocol promises."""
 
 
 def _optional_sampling(
@@ -185,18 +183,6 @@ def token_versions(meta: dict[str, Any], n_tokens: int, fallback: int) -> list[i
     return out
 
 
-@dataclass(slots=True)
-class Segment:
-    """The outcome of one ``/generate`` call."""
-
-    output_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-    finish_type: str = "stop"
-    finish_message: str = ""
-    weight_version: str | None = None
-
-
 def parse_finish_reason(fr: Any) -> tuple[str, str]:
     """``(type, message)`` from SGLang's ``finish_reason`` dict (or an old-style string)."""
     if type(fr) is dict:
@@ -261,3 +247,14 @@ def parse_generate_response(body: Any, fallback_version: int) -> Segment:
         ids, logprobs, token_versions(meta, n, fallback_version), kind, msg,
         meta.get("weight_version"),
     )
+
+
+class SGLangProtocol:
+    """SGLang's ``/generate`` (a ``GenerateProtocol``); the functions above, unwrapped."""
+
+    generate_path = "/generate"
+    encode_generate_body = staticmethod(encode_generate_body)
+    parse_generate_response = staticmethod(parse_generate_response)
+
+
+SGLANG = SGLangProtocol()

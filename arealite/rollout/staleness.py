@@ -23,13 +23,16 @@ from __future__ import annotations
 import threading
 from dataclasses import asdict
 
-from arealite.api.io_struct import RolloutStat
+from arealite.api.io_struct import RolloutStat, VersionClock
 
 
 class StalenessManager:
     """Thread-safe counters plus the capacity formula; the executor calls ``on_*`` hooks."""
 
-    def __init__(self, max_concurrent: int, consumer_batch_size: int, max_staleness: int):
+    def __init__(
+        self, max_concurrent: int, consumer_batch_size: int, max_staleness: int,
+        clock: VersionClock | None = None,
+    ):
         if max_concurrent < 1 or consumer_batch_size < 1 or max_staleness < 0:
             raise ValueError(
                 f"bad staleness settings: max_concurrent={max_concurrent}, "
@@ -38,26 +41,27 @@ class StalenessManager:
         self.max_concurrent = max_concurrent
         self.batch_size = consumer_batch_size
         self.max_staleness = max_staleness
-        self._version = 0
+        self._clock = clock or VersionClock()  # the engine's, when it lends one
         self._stat = RolloutStat()
         self._lock = threading.Lock()
 
     @classmethod
     def per_rank(
-        cls, max_concurrent: int | None, consumer_batch_size: int, max_staleness: int, dp_size: int
+        cls, max_concurrent: int | None, consumer_batch_size: int, max_staleness: int, dp_size: int,
+        clock: VersionClock | None = None,
     ) -> StalenessManager:
         """Split global settings over ``dp_size`` data-parallel ranks (each rank runs its own)."""
         if dp_size < 1:
             raise ValueError(f"data-parallel size must be >= 1, got {dp_size}")
         b = max(1, consumer_batch_size // dp_size)
         m = max(1, (max_concurrent or consumer_batch_size) // dp_size)
-        return cls(m, b, max_staleness)
+        return cls(m, b, max_staleness, clock)
 
     # ------------------------------------------------------------------ queries
 
     @property
     def version(self) -> int:
-        return self._version
+        return self._clock.value
 
     def capacity(self) -> int:
         """How many new episodes may start now (may be negative after a version rollback)."""
@@ -67,7 +71,7 @@ class StalenessManager:
     def _capacity_locked(self) -> int:
         s = self._stat
         concurrency = self.max_concurrent - s.running
-        staleness = (self.max_staleness + self._version + 1) * self.batch_size - (
+        staleness = (self.max_staleness + self._clock.value + 1) * self.batch_size - (
             s.accepted + s.running
         )
         return min(concurrency, staleness)
@@ -78,20 +82,20 @@ class StalenessManager:
 
     def is_stale(self, start_version: int, version: int | None = None) -> bool:
         """True when a trajectory that started at ``start_version`` may no longer be trained on."""
-        v = self._version if version is None else version
+        v = self._clock.value if version is None else version
         return v - start_version > self.max_staleness
 
     # ------------------------------------------------------------------ transitions
 
     def set_version(self, version: int) -> None:
         with self._lock:
-            self._version = int(version)
+            self._clock.value = int(version)
 
     def on_version_recovered(self, version: int) -> None:
         """After a restart at ``version``: v·B trajectories were consumed, nothing is running."""
         with self._lock:
-            self._version = int(version)
-            consumed = self._version * self.batch_size
+            self._clock.value = int(version)
+            consumed = self._clock.value * self.batch_size
             self._stat = RolloutStat(submitted=consumed, accepted=consumed)
 
     def on_submit(self) -> None:

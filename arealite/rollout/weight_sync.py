@@ -18,9 +18,7 @@ the group backend is ``meta.backend`` when set, else ``nccl`` when every server 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -146,8 +144,7 @@ class WeightSync:
         last = "missing"
         while True:
             try:
-                with open(marker) as f:
-                    got = json.load(f).get("version")
+                got = meta.read_disk_marker()
                 if got == meta.version:
                     return
                 last = f"it holds version {got}"
@@ -361,16 +358,3 @@ class WeightSync:
             return False
         logger.warning("freed a leftover weight-update group %r on %s", name, addr)
         return True
-
-
-def disk_marker_payload(version: int) -> str:
-    """What the trainer writes to ``meta.disk_ready_marker`` (for trainers and tests)."""
-    return json.dumps({"version": int(version)})
-
-
-def write_disk_marker(meta: WeightUpdateMeta) -> None:
-    """Atomically write the marker (write a temp file, then rename)."""
-    tmp = meta.disk_ready_marker + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(disk_marker_payload(meta.version))
-    os.replace(tmp, meta.disk_ready_marker)

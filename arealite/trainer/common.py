@@ -1,4 +1,5 @@
-"""Small pieces every entry script needs: config from argv, run folders, rank info, tokenizer."""
+"""Small pieces every entry script needs: config from argv, run folders, rank info, tokenizer,
+and the weight push of the RL scripts."""
 
 from __future__ import annotations
 
@@ -8,8 +9,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from arealite.api.config import BaseExperimentConfig
+import torch.distributed as dist
+
+from arealite.api.config import BaseExperimentConfig, WeightUpdateConfig
 from arealite.api.config_loader import ConfigError, load_config
+from arealite.api.engine_api import InferenceEngine, TrainEngine
+from arealite.api.io_struct import WeightUpdateMeta
 
 
 def config_from_argv(argv: list[str] | None, cls: type[BaseExperimentConfig]) -> Any:
@@ -28,10 +33,6 @@ def dist_info() -> tuple[int, int]:
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
 
-def run_dir(config: BaseExperimentConfig, *parts: str) -> Path:
-    return Path(config.cluster.fileroot, config.experiment_name, config.trial_name, *parts)
-
-
 def load_tokenizer(path: str) -> Any:
     from transformers import AutoTokenizer
 
@@ -46,3 +47,29 @@ def setup_logging(rank: int) -> None:
     )
     for noisy in ("httpx", "urllib3", "transformers"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def weight_meta(
+    wu: WeightUpdateConfig, version: int, disk_root: Path, master_port: int, actor: TrainEngine
+) -> WeightUpdateMeta:
+    """The update to ``version``: a disk folder per version, or the run's one broadcast group."""
+    if wu.type == "disk":
+        return WeightUpdateMeta.disk(version, disk_root)
+    return WeightUpdateMeta.broadcast(
+        version, actor.get_param_specs(wu.bucket_size_mb), master_port, wu.master_address,
+        wu.group_name, wu.bucket_size_mb, wu.timeout,
+    )
+
+
+def push_weights(
+    actor: TrainEngine, rollout: InferenceEngine, meta: WeightUpdateMeta, rank: int, timeout: float
+) -> None:
+    """Servers to ``meta.version``: rank 0's client drives them while every rank uploads (all
+    gather; rank 0 writes or broadcasts); then every rank moves its version clock."""
+    fut = rollout.update_weights(meta) if rank == 0 else None
+    actor.upload_weights(meta)
+    if fut is not None:
+        fut.result(timeout=timeout)
+    if dist.is_initialized():
+        dist.barrier()
+    rollout.set_version(meta.version)  # the rank's one clock, shared with the actor

@@ -16,26 +16,27 @@ import torch
 import torch.distributed as dist
 
 from arealite.api.config import GRPOConfig
-from arealite.api.io_struct import FinetuneSpec, SaveLoadMeta, WeightUpdateMeta
+from arealite.api.io_struct import FinetuneSpec, SaveLoadMeta
+from arealite.api.workflow_factory import build_workflow
 from arealite.dataset.loader import create_dataloader, load_rows
 from arealite.engine.ppo.actor import FSDPPPOActor
-from arealite.engine.sglang_remote import RemoteSGLangEngine
 from arealite.rollout.data_cycle import DataCycle
+from arealite.rollout.remote_engine import RemoteSGLangEngine
 from arealite.trainer.common import (
     config_from_argv,
     dist_info,
     load_tokenizer,
-    run_dir,
+    push_weights,
     setup_logging,
+    weight_meta,
 )
-from arealite.trainer.rollout_stats import RolloutIdleMeter, batch_rollout_stats, evaluate
+from arealite.trainer.rollout_stats import batch_rollout_stats, evaluate
 from arealite.trainer.sample_log import SampleIdLog
 from arealite.utils import recover as rec
 from arealite.utils import stats_tracker
 from arealite.utils.network import find_free_port
 from arealite.utils.stats_logger import StatsLogger
 from arealite.utils.timing import FreqController, timer
-from workflows.factory import build_workflow
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,10 +54,11 @@ def main(argv: list[str] | None = None) -> int:
     total_steps = min(ft.total_train_steps, config.total_train_steps or ft.total_train_steps)
 
     # Engines: the rollout client (staleness-gated), an evaluation client (no gate), the actor.
+    # One version clock per rank: the rollout client's, shared by the other two.
     rollout = RemoteSGLangEngine(config.rollout)
     eval_rollout = RemoteSGLangEngine(config.rollout.model_copy(
-        update={"max_head_offpolicyness": 1 << 20, "max_concurrent_rollouts": None}))
-    actor = FSDPPPOActor(config.actor, config.device, config.dist_backend, config.seed)
+        update={"max_head_offpolicyness": 1 << 20, "max_concurrent_rollouts": None}), rollout.clock)
+    actor = FSDPPPOActor(config.actor, config.device, config.dist_backend, config.seed, rollout.clock)
     actor.initialize(None, ft)
     ref = None
     if config.ref is not None:
@@ -67,29 +69,10 @@ def main(argv: list[str] | None = None) -> int:
     eval_workflow = build_workflow(config.workflow, eval_gconfig, tokenizer)
 
     # Weight updates: a disk folder per version, or one broadcast group for the whole run.
-    wu = config.weight_update
+    wu, weights_dir = config.weight_update, config.run_dir("weights")
     port = [wu.master_port or (find_free_port() if rank == 0 else 0)]
     if dist.is_initialized() and wu.type == "distributed":
         dist.broadcast_object_list(port, src=0)
-
-    def weight_meta(version: int) -> WeightUpdateMeta:
-        if wu.type == "disk":
-            return WeightUpdateMeta("disk", version, str(run_dir(config, "weights", f"v{version}")))
-        return WeightUpdateMeta(
-            "distributed", version, group_name=wu.group_name, master_address=wu.master_address,
-            master_port=port[0], bucket_size_mb=wu.bucket_size_mb, timeout=wu.timeout,
-            param_specs=actor.get_param_specs(wu.bucket_size_mb))
-
-    def push_weights(version: int) -> None:
-        meta = weight_meta(version)
-        fut = rollout.update_weights(meta) if rank == 0 else None
-        actor.upload_weights(meta)  # every rank gathers; rank 0 writes or broadcasts
-        if fut is not None:
-            fut.result(timeout=wu.timeout)
-        if dist.is_initialized():
-            dist.barrier()
-        for engine in (actor, rollout, eval_rollout):
-            engine.set_version(version)
 
     # Recovery: weights, optimizer, data position (the loader's, plus the epoch and, in async
     # mode, the rows in flight: the loader is past them), version and staleness counters.
@@ -108,22 +91,19 @@ def main(argv: list[str] | None = None) -> int:
         for ctl, state in ((saver, info.saver_state), (evaluator, info.evaluator_state), (checkpointer, info.checkpointer_state)):
             ctl.load_state_dict(state)
         start_step, version = info.step + 1, info.version
-        rollout.on_version_recovered(version)
+        rollout.restore(version)
     rollout.initialize(None, train_data_parallel_size=world)
     eval_rollout.initialize(None, train_data_parallel_size=1)
-    if info is not None:
-        push_weights(version)  # servers may hold other weights after a crash
-    else:
-        for engine in (actor, rollout, eval_rollout):
-            engine.set_version(0)
+    if info is not None:  # servers may hold other weights after a crash
+        push_weights(actor, rollout, weight_meta(wu, version, weights_dir, port[0], actor), rank, wu.timeout)
 
     # Steps are logged as step + 1: a resumed run keeps the lines up to its checkpoint's.
-    logger = StatsLogger(config.stats_logger, run_dir(config, "logs"), total_steps=total_steps,
+    logger = StatsLogger(config.stats_logger, config.run_dir("logs"), total_steps=total_steps,
                          start_step=start_step if info else None)
-    ids_log = SampleIdLog(run_dir(config, "logs"), start_step if info else None, rank)
+    ids_log = SampleIdLog(config.run_dir("logs"), start_step if info else None, rank)
     if valid_rows and info is None and rank == 0:
         logger.commit(0, evaluate(eval_rollout, eval_workflow, valid_rows, config.evaluator))
-    idle_meter = RolloutIdleMeter(rollout)  # rollout/idle_ratio: no episode in flight
+    rollout.idle_stats()  # rollout/idle_ratio (no episode in flight): the first window opens here
     for step in range(start_step, total_steps):
         epoch = step // ft.steps_per_epoch
         t0 = time.perf_counter()
@@ -143,14 +123,14 @@ def main(argv: list[str] | None = None) -> int:
         with timer("weight_sync"):
             rollout.pause()
             version = step + 1
-            push_weights(version)
+            push_weights(actor, rollout, weight_meta(wu, version, weights_dir, port[0], actor), rank, wu.timeout)
             rollout.resume()
 
         epoch_done = int((step + 1) % ft.steps_per_epoch == 0)
         if saver.check(epochs=epoch_done, steps=1) or step + 1 == total_steps:
-            actor.save(SaveLoadMeta(str(run_dir(config, "checkpoints", f"step{step + 1}")), "hf", tokenizer=tokenizer))
+            actor.save(SaveLoadMeta(str(config.run_dir("checkpoints", f"step{step + 1}")), "hf", tokenizer=tokenizer))
         stats.update(batch_rollout_stats(batch, rollout, version, time.perf_counter() - t0))
-        stats.update(idle_meter.take())
+        stats.update(rollout.idle_stats())
         if valid_rows and rank == 0 and (evaluator.check(steps=1) or step + 1 == total_steps):
             stats.update(evaluate(eval_rollout, eval_workflow, valid_rows, config.evaluator))
         stats.update(stats_tracker.export())
@@ -164,7 +144,6 @@ def main(argv: list[str] | None = None) -> int:
                                    extra={"data": data_state()})
             rec.save_checkpoint(rec.recover_root(config), info, lambda d: actor.save(SaveLoadMeta(str(d), "dcp", with_optim=True)))
 
-    idle_meter.close()
     logger.close()
     for engine in (rollout, eval_rollout, actor):
         engine.destroy()

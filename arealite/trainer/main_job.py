@@ -70,7 +70,7 @@ def main(overrides: list[str] | None = None) -> int:
         print(f"== 2/3 SFT warm start: reusing {sft_model}", flush=True)
     print("== 3/3 async GRPO on embedded CPU servers", flush=True)
     code = launch([GRPO_CONFIG, *overrides])
-    out = Path(grpo.cluster.fileroot, grpo.experiment_name, grpo.trial_name)
+    out = grpo.run_dir()
     metrics = out / "logs" / "metrics.jsonl"
     if metrics.is_file():
         png = out / "reward_curve.png"

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import threading
-import time
 from typing import Any
 
 import torch
 
 from arealite.api.config import EvaluatorConfig
 from arealite.api.engine_api import InferenceEngine
+from arealite.api.reward_api import reward_stats
 from arealite.api.workflow_api import RolloutWorkflow
 
 
@@ -46,13 +45,8 @@ def batch_rollout_stats(batch: dict[str, torch.Tensor], rollout: Any, version: i
     if callable(counters):
         for k, val in counters().items():
             out[f"rollout/{k}"] = float(val)
-    try:
-        from workflows.reward_pool import reward_stats
-
-        for k, val in reward_stats().items():
-            out[f"reward_fn/{k}"] = float(val)
-    except ImportError:
-        pass
+    for k, val in reward_stats().items():
+        out[f"reward_fn/{k}"] = float(val)
     return out
 
 
@@ -68,51 +62,3 @@ def evaluate(
         return {}
     batch = engine.rollout_batch(rows, workflow)
     return {"eval/accuracy": batch["rewards"].float().mean().item(), "eval/n": float(len(rows))}
-
-
-class RolloutIdleMeter:
-    """Rollout idle time: wall time during which no episode runs in the rollout executor (so
-    the servers generate nothing for training). ``take()`` returns ``rollout/idle_s`` and
-    ``rollout/idle_ratio`` since the previous call. The executor exposes no start/stop hooks,
-    so a daemon thread samples its running count every ``interval`` seconds (microseconds of
-    work per sample; resolution ``interval``). No-op for an engine without an executor."""
-
-    def __init__(self, rollout: Any, interval: float = 0.01) -> None:
-        executor = getattr(rollout, "executor", None)
-        self._stat = getattr(executor, "stat", None)
-        self._interval = interval
-        self._lock = threading.Lock()
-        self._idle = 0.0
-        self._since = time.perf_counter()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        if callable(self._stat):
-            self._thread = threading.Thread(target=self._run, name="rollout-idle-meter", daemon=True)
-            self._thread.start()
-
-    def _run(self) -> None:
-        last = time.perf_counter()
-        while not self._stop.wait(self._interval):
-            try:
-                running = self._stat().running
-            except Exception:  # noqa: BLE001 - executor not initialized or gone: count nothing
-                running = 1
-            now = time.perf_counter()
-            if running == 0:
-                with self._lock:
-                    self._idle += now - last
-            last = now
-
-    def take(self) -> dict[str, float]:
-        if self._thread is None:
-            return {}
-        now = time.perf_counter()
-        with self._lock:
-            idle, self._idle = self._idle, 0.0
-            span, self._since = now - self._since, now
-        return {"rollout/idle_s": idle, "rollout/idle_ratio": min(1.0, idle / max(span, 1e-9))}
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=1.0)

@@ -22,7 +22,6 @@ from arealite.trainer.common import (
     config_from_argv,
     dist_info,
     load_tokenizer,
-    run_dir,
     setup_logging,
 )
 from arealite.utils import stats_tracker
@@ -62,8 +61,8 @@ def main(argv: list[str] | None = None) -> int:
 
     engine = FSDPLMEngine(config.model, config.device, config.dist_backend, config.seed)
     engine.initialize(None, ft)
-    out_dir = config.output_dir or str(run_dir(config, "model"))
-    logger = StatsLogger(config.stats_logger, run_dir(config, "logs"), total_steps=total)
+    out_dir = config.output_dir or str(config.run_dir("model"))
+    logger = StatsLogger(config.stats_logger, config.run_dir("logs"), total_steps=total)
     eval_ctl = FreqController.from_config(config.evaluator)
     step, reached = 0, False
     for epoch in range(config.total_train_epochs):

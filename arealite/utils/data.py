@@ -1,7 +1,7 @@
-"""Tensor-dict helpers for trajectories: padding, concatenation, packing and micro-batches.
+"""Tensor-dict helpers for the trainer: packing, micro-batches and row selection.
 
-Trajectories follow the contract in ``arealite.api.io_struct``: every value has leading
-dimension B; 2-D values are right-padded along dim 1.
+Trajectories follow the contract in ``arealite.api.trajectory`` (which also pads and
+concatenates them): every value has leading dimension B; 2-D values are right-padded along dim 1.
 """
 
 from __future__ import annotations
@@ -11,63 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-TensorDict = dict[str, torch.Tensor]
-
-# Padding values per key; anything else pads with 0. versions pad with -1 (not generated).
-PAD_VALUES: dict[str, int | float | bool] = {"versions": -1, "attention_mask": False, "loss_mask": False}
-
-
-def concat_padded_tensors(items: Sequence[TensorDict], pad_values: dict | None = None) -> TensorDict:
-    """Concatenate trajectory dicts along dim 0, right-padding 2-D values to the longest row."""
-    if not items:
-        return {}
-    pads = {**PAD_VALUES, **(pad_values or {})}
-    keys = list(items[0])
-    for i, it in enumerate(items):
-        if list(it) != keys and set(it) != set(keys):
-            raise ValueError(f"trajectory {i} has keys {sorted(it)}, expected {sorted(keys)}")
-    out: TensorDict = {}
-    for k in keys:
-        ts = [it[k] for it in items]
-        if ts[0].dim() >= 2:
-            width = max(t.shape[1] for t in ts)
-            ts = [
-                torch.nn.functional.pad(t, (0, width - t.shape[1]), value=pads.get(k, 0))
-                if t.shape[1] < width
-                else t
-                for t in ts
-            ]
-        out[k] = torch.cat(ts, dim=0)
-    return out
-
-
-def pad_sequences_to_tensors(
-    seqs: Sequence[dict[str, list]], pad_values: dict | None = None
-) -> TensorDict:
-    """Rows of python lists (``input_ids``, ``loss_mask``, ``logprobs``, ``versions``, ...) ->
-    a padded trajectory dict with an ``attention_mask``. Scalar values become ``[B]`` tensors."""
-    if not seqs:
-        return {}
-    pads = {**PAD_VALUES, **(pad_values or {})}
-    width = max(len(s["input_ids"]) for s in seqs)
-    out: TensorDict = {}
-    for k in seqs[0]:
-        vals = [s[k] for s in seqs]
-        if isinstance(vals[0], (list, tuple)):
-            dtype = torch.float32 if k == "logprobs" else (torch.bool if k.endswith("mask") else torch.long)
-            t = torch.full((len(vals), width), pads.get(k, 0), dtype=dtype)
-            for i, v in enumerate(vals):
-                t[i, : len(v)] = torch.as_tensor(v, dtype=dtype)
-            out[k] = t
-        else:
-            out[k] = torch.as_tensor(vals, dtype=torch.float32 if isinstance(vals[0], float) else None)
-    if "attention_mask" not in out:
-        am = torch.zeros(len(seqs), width, dtype=torch.bool)
-        for i, s in enumerate(seqs):
-            am[i, : len(s["input_ids"])] = True
-        out["attention_mask"] = am
-    return out
-
+from arealite.api.trajectory import TensorDict
 
 # --------------------------------------------------------------------------- packing
 #

@@ -1,4 +1,4 @@
-"""Loopback networking helpers: free ports and waiting for an HTTP endpoint."""
+"""Networking helpers: server address lists, free loopback ports, waiting for an HTTP endpoint."""
 
 from __future__ import annotations
 
@@ -8,6 +8,25 @@ import urllib.error
 import urllib.request
 
 LOOPBACK = "127.0.0.1"
+
+
+def parse_addrs(value: str | list[str] | None, source: str = "server address") -> list[str]:
+    """``"h:p,h:p"`` or a list -> ``["h:p", ...]``; an ``http://`` prefix and a trailing ``/`` are
+    dropped, empty items skipped. Anything else than host:port with a port in 1..65535 raises
+    ``ValueError`` naming ``source`` (the one parser of the client and the launcher)."""
+    if value is None:
+        return []
+    items = value.split(",") if isinstance(value, str) else list(value)
+    out = []
+    for it in items:
+        a = str(it).strip().removeprefix("http://").rstrip("/")
+        if not a:
+            continue
+        host, _, port = a.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"{source}: {str(it).strip()!r} is not host:port")
+        out.append(a)
+    return out
 
 
 def find_free_ports(n: int = 1, host: str = LOOPBACK) -> list[int]:

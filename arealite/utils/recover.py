@@ -63,7 +63,7 @@ class RecoverInfo:
 
 def recover_root(config: Any) -> Path:
     """``{fileroot}/{experiment_name}/{trial_name}/recover`` for an experiment config."""
-    return Path(config.cluster.fileroot) / config.experiment_name / config.trial_name / "recover"
+    return config.run_dir("recover")
 
 
 def weights_dir(ckpt_dir: str | os.PathLike) -> Path:

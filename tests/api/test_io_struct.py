@@ -6,6 +6,7 @@ from hypothesis import strategies as st
 
 from arealite.api.config import GenerationHyperparameters
 from arealite.api.io_struct import (
+    DISK_READY_MARKER,
     FinetuneSpec,
     LLMRequest,
     ModelRequest,
@@ -58,3 +59,14 @@ def test_token_ids_json_refuses_anything_but_non_negative_ints(ids, bad, at):
     ids.insert(min(at, len(ids)), bad)
     assert token_ids_json(ids) is None
     assert token_ids_json([]) is None and token_ids_json(tuple(range(3))) is None
+
+
+def test_weight_update_meta_constructors_and_marker(tmp_path):
+    d = WeightUpdateMeta.disk(3, tmp_path)
+    assert d.type is WeightUpdateType.DISK and d.path == str(tmp_path / "v3") and d.version == 3
+    (tmp_path / "v3").mkdir()
+    d.write_disk_marker()
+    assert d.read_disk_marker() == 3 and not (tmp_path / "v3" / (DISK_READY_MARKER + ".tmp")).exists()
+    b = WeightUpdateMeta.broadcast(4, [], 1234, bucket_size_mb=8.0, timeout=9.0)
+    assert (b.type, b.version, b.master_port, b.bucket_size_mb, b.timeout) == (
+        WeightUpdateType.DISTRIBUTED, 4, 1234, 8.0, 9.0)

@@ -9,8 +9,8 @@ from transformers import AutoTokenizer
 
 from arealite.api.config import GenerationHyperparameters, WorkflowConfig
 from arealite.api.io_struct import ModelRequest, ModelResponse
+from arealite.api.workflow_factory import build_workflow
 from benchmarks.longtail_workflow import LongTailRLVRWorkflow, first_stop, is_tail
-from workflows.factory import build_workflow
 from workflows.rewards.toy import toy_reward
 
 

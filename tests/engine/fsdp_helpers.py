@@ -7,7 +7,7 @@ import random
 import torch
 
 from arealite.api.config import OptimizerConfig, PPOActorConfig, TrainEngineConfig
-from arealite.utils.data import pad_sequences_to_tensors
+from arealite.api.trajectory import pad_sequences_to_tensors
 
 
 def engine_config(path, cls=TrainEngineConfig, **kw):

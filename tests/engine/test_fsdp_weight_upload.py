@@ -59,7 +59,7 @@ def _train_step(actor: FSDPPPOActor, seed: int) -> None:
 
 @pytest.mark.timeout(300)
 def test_disk_then_distributed_updates_reach_the_server(tiny_model_dir, tmp_path):
-    from arealite.engine.sglang_remote import RemoteSGLangEngine
+    from arealite.rollout.remote_engine import RemoteSGLangEngine
 
     actor = FSDPPPOActor(actor_config(tiny_model_dir, recompute_logprob=False,
                                       use_decoupled_loss=False), device="cpu", backend="gloo")

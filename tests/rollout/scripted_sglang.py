@@ -1,7 +1,7 @@
 """A scripted server with SGLang's HTTP shapes, for the client's failure paths only.
 
 The real behaviour tests (generation, pauses, weight updates, killed servers) run against our
-embedded servers in ``tests/engine/test_sglang_remote_integration.py``. What a real server
+embedded servers in ``tests/rollout/test_remote_engine_integration.py``. What a real server
 cannot be made to do on demand - answer 503, send each error shape, abort before prefill, be
 slow to load weights, lose a request mid-bucket - is scripted here. Every call is recorded in
 ``calls`` as ``(path, json_body)``.

@@ -109,7 +109,7 @@ def test_inflight_rows_are_saved_and_resubmitted_first():
     ex2, dl2 = make_executor(), create_dataloader(rows, cfg, seed=0)
     dl2.load_state_dict(loader_state)
     ex2.load_data_state(state)
-    ex2.on_version_recovered(2)
+    ex2.restore(2)
     try:
         assert ids(ex2.inflight_data()) == inflight  # waiting for replay
         after = train(ex2, dl2, 8, 2)

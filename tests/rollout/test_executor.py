@@ -244,16 +244,30 @@ def test_prepare_batch_keeps_a_batch_ahead_and_cycles_epochs(executors):
     assert set(wf.seen) == set(range(6))
 
 
-def test_on_version_recovered_limits_the_first_burst(executors):
+def test_restore_limits_the_first_burst(executors):
     b = 2
     ex = executors(b=b, eta=1, m=100)
-    ex.on_version_recovered(7)
+    ex.restore(7)
     assert ex.get_version() == 7
     wf = EchoWorkflow()
     for i in range(10):
         ex.submit({"id": i}, wf)
     c = settle(ex, lambda c: c["running"] == 0 and c["accepted"] == 7 * b + 2 * b)
     assert c["pending"] == 10 - 2 * b
+
+
+def test_restore_before_initialize_is_the_same_call():
+    """No ordering rule: restore() then initialize() leaves the gate where the reverse does."""
+    cfg = InferenceEngineConfig(consumer_batch_size=2, max_head_offpolicyness=1,
+                                max_concurrent_rollouts=100, request_timeout=10.0)
+    ex = WorkflowExecutor(cfg, engine=None)
+    ex.restore(7)
+    ex.initialize()
+    try:
+        assert ex.get_version() == 7 and ex.gate.version == 7
+        assert ex.stat().accepted == 7 * 2 and ex.gate.capacity() == 2 * 2
+    finally:
+        ex.destroy()
 
 
 def test_wait_fails_fast_when_every_episode_fails(executors):

@@ -12,11 +12,10 @@ import torch
 
 from arealite.api.config import DatasetConfig, GenerationHyperparameters, InferenceEngineConfig
 from arealite.api.io_struct import ModelRequest, WeightUpdateMeta
+from arealite.api.trajectory import pad_sequences_to_tensors
 from arealite.api.workflow_api import RolloutWorkflow
 from arealite.dataset.loader import create_dataloader
-from arealite.engine.sglang_remote import RemoteSGLangEngine
-from arealite.rollout.weight_sync import write_disk_marker
-from arealite.utils.data import pad_sequences_to_tensors
+from arealite.rollout.remote_engine import RemoteSGLangEngine
 from tests.procs import embedded_server
 
 pytestmark = pytest.mark.integration
@@ -69,7 +68,7 @@ def test_prepare_batch_with_weight_updates_keeps_staleness(two_servers, tiny_mod
             assert eng.get_version() - gen_versions.min().item() <= eta  # invariant 1
             assert torch.isfinite(batch["logprobs"][batch["loss_mask"]]).all()
             meta = WeightUpdateMeta(type="disk", version=step + 1, path=str(weights))
-            write_disk_marker(meta)  # same files, new version label: the path is what is tested
+            meta.write_disk_marker()  # same files, new version label: the path is what is tested
             eng.update_weights(meta).result(60)
             assert eng.get_version() == step + 1
         c = eng.executor.counters()

@@ -7,13 +7,13 @@ import random
 import pytest
 import torch
 
+from arealite.api.trajectory import pad_sequences_to_tensors
 from arealite.utils.data import (
     balanced_partition,
     block_causal_mask,
     ffd_allocate,
     pack_tensor_dict,
     packing_efficiency,
-    pad_sequences_to_tensors,
     seqlens_from_mask,
     split_batch_for_rank,
     split_into_micro_batches,

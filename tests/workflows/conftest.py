@@ -4,20 +4,6 @@ import pytest
 
 
 @pytest.fixture(scope="session")
-def tiny_tokenizer(tiny_model_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(tiny_model_dir))
-
-
-@pytest.fixture(scope="session")
-def local_engine(tiny_model_dir):
-    from tests.workflows.wf_local_engine import LocalHFEngine
-
-    return LocalHFEngine(str(tiny_model_dir), version=3)
-
-
-@pytest.fixture(scope="session")
 def reward_pool_session():
     """One shared pool for the whole test session (workers are slow to spawn on 2 cores)."""
     from workflows.reward_pool import get_reward_pool, shutdown_reward_pool

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from arealite.api.config import GenerationHyperparameters, InferenceEngineConfig, WorkflowConfig
+from arealite.api.workflow_factory import build_workflow
 from tests.procs import embedded_server
 from tests.workflows import wf_reward_helpers as H
 from tests.workflows.wf_checks import assert_trajectory, recompute_logprobs
-from workflows.factory import build_workflow
 from workflows.multi_turn import MultiTurnWorkflow
 from workflows.reward_pool import reward_stats
 from workflows.rewards.toy import toy_reward
@@ -27,7 +27,7 @@ ROWS = [{"id": 10, "question": "What is 3 + 4?", "answer": "3 + 4 = 7\n#### 7"},
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir):
-    from arealite.engine.sglang_remote import RemoteSGLangEngine
+    from arealite.rollout.remote_engine import RemoteSGLangEngine
 
     args = ["--dtype", "float32", "--weight-version", str(SERVER_VERSION), "--log-level", "warning"]
     with embedded_server(str(tiny_model_dir), args) as addr:

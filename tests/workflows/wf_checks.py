@@ -1,4 +1,4 @@
-"""Assertions on the trajectory contract of ``arealite.api.io_struct``, shared by workflow tests."""
+"""Assertions on the trajectory contract of ``arealite.api.trajectory``, shared by workflow tests."""
 
 from __future__ import annotations
 

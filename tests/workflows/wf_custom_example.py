@@ -7,8 +7,8 @@ import asyncio
 import uuid
 
 from arealite.api.io_struct import ModelRequest
+from arealite.api.trajectory import pad_sequences_to_tensors
 from arealite.api.workflow_api import RolloutWorkflow
-from arealite.utils.data import pad_sequences_to_tensors
 
 
 class TargetLengthWorkflow(RolloutWorkflow):

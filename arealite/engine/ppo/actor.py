@@ -9,36 +9,36 @@ One trainer step of the entry script::
     actor.compute_advantages(batch)                         # adds advantages, returns, ...
     stats = actor.ppo_update(batch)
 
-Batch keys (trajectory contract of ``arealite.api.io_struct``): ``logprobs`` are the behaviour
+Batch keys (trajectory contract of ``arealite.api.trajectory``): ``logprobs`` are the behaviour
 logprobs from the servers, ``prox_logp`` the recomputed ones, ``ref_logp`` the reference
 model's. The meaning of ``recompute_logprob`` / ``use_decoupled_loss`` is documented at the top
-of ``arealite.utils.functional``. Groups (``group_size`` consecutive rows) must not be split
+of ``arealite.engine.ppo.loss``, beside the loss; the advantages are ``arealite.engine.ppo.advantages``. Groups (``group_size`` consecutive rows) must not be split
 across ranks; batch-level advantage normalisation is reduced across ranks.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from arealite.api.config import PPOActorConfig
-from arealite.api.engine_api import TensorDict, TrainEngine
+from arealite.api.engine_api import TrainEngine
+from arealite.api.io_struct import VersionClock
+from arealite.api.trajectory import TensorDict
 from arealite.engine.fsdp_engine import FSDPEngine
-from arealite.utils.data import balanced_partition, select_rows, seqlens_from_mask
-from arealite.utils.functional import (
+from arealite.engine.ppo.advantages import (
     gae_advantages,
-    gather_logprobs,
-    gather_logprobs_entropy,
     group_normalization,
     kl_shaped_token_rewards,
-    last_true_index,
-    masked_normalization,
-    ppo_actor_loss_fn,
     reward_transform,
 )
-from arealite.utils.stats_tracker import ReduceType, StatsTracker
+from arealite.engine.ppo.loss import actor_loss
+from arealite.utils.data import balanced_partition, select_rows, seqlens_from_mask
+from arealite.utils.functional import gather_logprobs, last_true_index, masked_normalization
+from arealite.utils.stats_tracker import StatsTracker
 
 
 class PPOActor:
@@ -110,38 +110,6 @@ class PPOActor:
 
     # ------------------------------------------------------------------ update
 
-    def _loss_fn(self, logits: torch.Tensor, mb: TensorDict) -> torch.Tensor:
-        c = self.config
-        lm = mb["loss_mask"].bool()
-        logp = gather_logprobs(logits, mb["labels"], temperature=c.temperature)
-        behave = mb["logprobs"]
-        if c.use_decoupled_loss:
-            prox, old = mb["prox_logp"], behave
-        elif c.recompute_logprob:
-            prox, old = None, mb["prox_logp"]  # standard PPO against the recomputed policy
-        else:
-            prox, old = None, behave  # standard PPO against the servers' logprobs
-        loss, st = ppo_actor_loss_fn(
-            logp, prox, old, mb["advantages"], c.eps_clip, lm, c_clip=c.c_clip,
-            behav_imp_weight_cap=c.behav_imp_weight_cap, eps_clip_higher=c.eps_clip_higher,
-        )
-        _, entropy = gather_logprobs_entropy(logits.detach(), mb["labels"], c.temperature)
-        t = self.tracker
-        t.denominator(n_tokens=lm, clipped_tokens=st["clip_mask"],
-                      dual_clipped_tokens=st["dual_clip_mask"])
-        t.stat(denominator="n_tokens", importance_weight=st["importance_weight"],
-               approx_kl=st["approx_kl"], entropy=entropy.float(),
-               new_logp=logp.detach().float(), behave_logp=behave.float())
-        t.stat(denominator="n_tokens", reduce_type=ReduceType.AVG,
-               clip_ratio=st["clip_mask"].float(), dual_clip_ratio=st["dual_clip_mask"].float(),
-               behave_kl_vs_current=(behave - logp.detach()).float())
-        if "behave_imp_weight" in st:
-            t.stat(denominator="n_tokens", behave_imp_weight=st["behave_imp_weight"],
-                   behave_approx_kl=st["behave_approx_kl"])
-            t.stat(denominator="n_tokens", reduce_type=ReduceType.AVG,
-                   behave_mask_ratio=st["behave_mask"].float())
-        return loss
-
     def ppo_update(self, data: TensorDict) -> dict[str, float]:
         """``ppo_n_minibatches`` optimizer steps over token-balanced minibatches, then one
         scheduler step. Returns statistics averaged over tokens of all ranks."""
@@ -154,10 +122,11 @@ class PPOActor:
         lens = seqlens_from_mask(data["attention_mask"]).tolist()
         parts = balanced_partition(lens, c.ppo_n_minibatches)
         step_stats = []
+        loss_fn = functools.partial(actor_loss, config=c, tracker=self.tracker)
         for idx in parts:
             mb = select_rows(data, idx)
             step_stats.append(self.engine.train_batch(
-                mb, self._loss_fn, lambda p: p["loss_mask"].sum()))
+                mb, loss_fn, lambda p: p["loss_mask"].sum()))
         self.engine.step_lr_scheduler()
         for s in step_stats:
             self.tracker.scalar(grad_norm=s["grad_norm"], lr=s["lr"], loss=s["loss"],
@@ -188,8 +157,8 @@ class FSDPPPOActor(FSDPEngine):
     (``optimizer: null`` in its config, use only ``compute_logp``)."""
 
     def __init__(self, config: PPOActorConfig, device: str = "auto", backend: str = "auto",
-                 seed: int = 1):
-        super().__init__(config, device=device, backend=backend, seed=seed)
+                 seed: int = 1, clock: VersionClock | None = None):
+        super().__init__(config, device=device, backend=backend, seed=seed, clock=clock)
         self.actor = PPOActor(config, self)
 
     def initialize(self, addr=None, ft_spec=None) -> None:

@@ -2,7 +2,7 @@
 
 ``compute_values(data)`` returns ``values [B, S]`` with ``values[b, t]`` the value of the state
 *before* token t (the model's output at position t - 1, by the engine's shift convention),
-which is what ``arealite.utils.functional.gae_advantages`` expects. Use::
+which is what ``arealite.engine.ppo.advantages.gae_advantages`` expects. Use::
 
     batch["values"] = critic.compute_values(batch)
     actor.compute_advantages(batch)          # GAE with the values; adds "returns"
@@ -11,14 +11,17 @@ which is what ``arealite.utils.functional.gae_advantages`` expects. Use::
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from arealite.api.config import PPOCriticConfig
-from arealite.api.engine_api import TensorDict, TrainEngine
+from arealite.api.engine_api import TrainEngine
+from arealite.api.trajectory import TensorDict
 from arealite.engine.fsdp_engine import FSDPEngine
+from arealite.engine.ppo.loss import critic_loss
 from arealite.utils.data import balanced_partition, select_rows, seqlens_from_mask
-from arealite.utils.functional import ppo_critic_loss_fn
-from arealite.utils.stats_tracker import ReduceType, StatsTracker
+from arealite.utils.stats_tracker import StatsTracker
 
 
 class PPOCritic:
@@ -31,26 +34,15 @@ class PPOCritic:
     def compute_values(self, data: TensorDict) -> torch.Tensor:
         return self.engine.forward(data, post_hook=lambda out, mb: out.squeeze(-1).float())
 
-    def _loss_fn(self, out: torch.Tensor, mb: TensorDict) -> torch.Tensor:
-        value = out.squeeze(-1).float()
-        lm = mb["loss_mask"].bool()
-        loss, st = ppo_critic_loss_fn(value, mb["values"], mb["returns"],
-                                      self.config.value_eps_clip, lm)
-        self.tracker.denominator(n_tokens=lm)
-        self.tracker.stat(denominator="n_tokens", value=value.detach(),
-                          value_error=(value.detach() - mb["returns"]).abs())
-        self.tracker.stat(denominator="n_tokens", reduce_type=ReduceType.AVG,
-                          value_clip_ratio=st["clip_mask"].float())
-        return loss
-
     def ppo_update(self, data: TensorDict) -> dict[str, float]:
         for k in ("values", "returns"):
             if k not in data:
                 raise KeyError(f"critic ppo_update needs data[{k!r}] (compute_values, then the "
                                "actor's compute_advantages)")
         lens = seqlens_from_mask(data["attention_mask"]).tolist()
+        loss_fn = functools.partial(critic_loss, config=self.config, tracker=self.tracker)
         for idx in balanced_partition(lens, self.config.ppo_n_minibatches):
-            st = self.engine.train_batch(select_rows(data, idx), self._loss_fn,
+            st = self.engine.train_batch(select_rows(data, idx), loss_fn,
                                          lambda p: p["loss_mask"].sum())
             self.tracker.scalar(value_loss=st["loss"], grad_norm=st["grad_norm"], lr=st["lr"])
         self.engine.step_lr_scheduler()

@@ -14,9 +14,9 @@ import torch
 import torch.distributed as dist
 
 from arealite.api.config import TrainEngineConfig
-from arealite.api.engine_api import TensorDict, TrainEngine
+from arealite.api.engine_api import TrainEngine
+from arealite.api.trajectory import TensorDict, pad_sequences_to_tensors
 from arealite.engine.fsdp_engine import FSDPEngine
-from arealite.utils.data import pad_sequences_to_tensors
 from arealite.utils.functional import gather_logprobs
 
 

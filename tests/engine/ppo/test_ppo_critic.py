@@ -7,8 +7,8 @@ import torch
 from arealite.api.config import OptimizerConfig, PPOCriticConfig
 from arealite.api.io_struct import FinetuneSpec
 from arealite.engine.ppo.actor import FSDPPPOActor
+from arealite.engine.ppo.advantages import gae_advantages, kl_shaped_token_rewards
 from arealite.engine.ppo.critic import FSDPPPOCritic
-from arealite.utils.functional import gae_advantages, kl_shaped_token_rewards
 from tests.engine.fsdp_helpers import actor_config, random_trajectories
 
 

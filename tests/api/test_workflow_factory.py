@@ -8,8 +8,13 @@ import pytest
 import yaml
 
 from arealite.api.config import GenerationHyperparameters, GRPOConfig, WorkflowConfig
+from arealite.api.workflow_factory import (
+    WorkflowImportError,
+    build_workflow,
+    import_by_path,
+    load_reward_fn,
+)
 from tests.workflows.wf_checks import assert_trajectory
-from workflows.factory import WorkflowImportError, build_workflow, import_by_path, load_reward_fn
 from workflows.math import MathRLVRWorkflow
 from workflows.multi_turn import MultiTurnWorkflow
 from workflows.rewards.combine import WeightedSum

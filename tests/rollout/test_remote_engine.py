@@ -1,7 +1,7 @@
 """RemoteSGLangEngine against scripted SGLang-shaped servers: request validation, bodies,
 interrupted generations, retries, error shapes and the weight-update call sequence.
 
-(Behaviour against real embedded servers: test_sglang_remote_integration.py.)
+(Behaviour against real embedded servers: test_remote_engine_integration.py.)
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import pytest
 
 from arealite.api.config import GenerationHyperparameters, InferenceEngineConfig
 from arealite.api.io_struct import ModelRequest, ParamSpec, WeightUpdateMeta
-from arealite.engine.sglang_remote import GenerationError, RemoteSGLangEngine, parse_addrs
-from arealite.rollout.weight_sync import WeightUpdateError, write_disk_marker
+from arealite.rollout.remote_engine import GenerationError, RemoteSGLangEngine, parse_addrs
+from arealite.rollout.weight_sync import WeightUpdateError
 from arealite.utils.network import LOOPBACK, find_free_port
 from tests.rollout.scripted_sglang import ScriptedServer, generate_reply
 
@@ -95,6 +95,35 @@ def test_generate_body_and_response(servers, engines):
     assert r.output_logprobs == pytest.approx([-0.01, -0.02, -0.03, -0.04])
     assert r.stop_reason == "length" and r.server == s.addr
     assert 0 < r.ttft <= r.latency
+
+
+def test_bodies_and_answers_go_through_the_backend_protocol(servers):
+    """The backend seam: a protocol object of another shape is all the client needs."""
+    from arealite.rollout.sglang_protocol import SGLANG
+
+    calls = []
+
+    class Recording:  # SGLang's wire format, counted
+        generate_path = SGLANG.generate_path
+
+        @staticmethod
+        def encode_generate_body(*a, **k):
+            calls.append("encode")
+            return SGLANG.encode_generate_body(*a, **k)
+
+        @staticmethod
+        def parse_generate_response(*a, **k):
+            calls.append("parse")
+            return SGLANG.parse_generate_response(*a, **k)
+
+    (s,) = servers(1)
+    eng = RemoteSGLangEngine(InferenceEngineConfig(setup_timeout=10), protocol=Recording())
+    eng.initialize([s.addr])
+    try:
+        assert gen(eng, req(n=2)).output_tokens == [4, 5]
+    finally:
+        eng.destroy()
+    assert calls == ["encode", "parse"]
 
 
 def test_abort_waits_while_paused_then_resumes_with_the_rest(servers, engines):
@@ -308,7 +337,7 @@ def test_disk_update_sequence_waits_for_marker(servers, engines, tmp_path):
     (tmp_path / "arealite_weights_ready.json").write_text(json.dumps({"version": 0}))  # stale marker
     time.sleep(0.3)
     assert not fut.done()
-    write_disk_marker(meta)
+    meta.write_disk_marker()
     assert fut.result(10) is None
     seq = ["/pause_generation", "/begin_weight_update", "/update_weights_from_disk",
            "/end_weight_update", "/continue_generation"]
@@ -327,7 +356,7 @@ def test_failed_server_is_taken_out_and_the_rest_move_on(servers, engines, tmp_p
     )
     eng = engines([a, b])
     meta = WeightUpdateMeta(type="disk", version=2, path=str(tmp_path))
-    write_disk_marker(meta)
+    meta.write_disk_marker()
     eng.update_weights(meta).result(10)
     assert eng.get_version() == 2
     assert eng.pool.healthy_addrs() == [a.addr]
@@ -343,7 +372,7 @@ def test_probe_resyncs_a_stale_server_from_the_last_disk_update(servers, engines
     a, b = servers(2)
     eng = engines([a, b])
     meta = WeightUpdateMeta(type="disk", version=1, path=str(tmp_path))
-    write_disk_marker(meta)
+    meta.write_disk_marker()
     eng.update_weights(meta).result(10)
     eng.pool.mark_unhealthy(b.addr, "restarted")
     b.version = "0"  # as if it came back with its launch weights
@@ -369,7 +398,7 @@ def test_every_server_failing_raises_and_version_stays(servers, engines, tmp_pat
         s.on_control["/update_weights_from_disk"] = lambda body: (400, {"success": False, "message": "nope"})
     eng = engines([a, b])
     meta = WeightUpdateMeta(type="disk", version=1, path=str(tmp_path))
-    write_disk_marker(meta)
+    meta.write_disk_marker()
     with pytest.raises(WeightUpdateError, match="failed on every server"):
         eng.update_weights(meta).result(10)
     assert eng.get_version() == 0

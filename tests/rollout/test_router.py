@@ -6,13 +6,13 @@ from collections import Counter
 
 import pytest
 
-from arealite.rollout.server_pool import NoHealthyServer, ServerPool
+from arealite.rollout.router import NoHealthyServer, ServerRouter
 
 ADDRS = ["h:1", "h:2", "h:3"]
 
 
 def test_round_robin_spreads_evenly_and_skips_unhealthy():
-    pool = ServerPool(ADDRS, "round_robin", sticky=False)
+    pool = ServerRouter(ADDRS, "round_robin", sticky=False)
     assert [pool.choose() for _ in range(6)] == ADDRS * 2
     pool.mark_unhealthy("h:2", "down")
     picks = [pool.choose() for _ in range(6)]
@@ -22,7 +22,7 @@ def test_round_robin_spreads_evenly_and_skips_unhealthy():
 
 
 def test_least_inflight():
-    pool = ServerPool(ADDRS, "least_inflight", sticky=False)
+    pool = ServerRouter(ADDRS, "least_inflight", sticky=False)
     held = [pool.choose() for _ in range(3)]
     for a in held:
         pool.acquire(a)
@@ -37,7 +37,7 @@ def test_least_inflight():
 
 
 def test_exclude_prefers_untried_servers_then_falls_back():
-    pool = ServerPool(ADDRS, sticky=False)
+    pool = ServerRouter(ADDRS, sticky=False)
     for _ in range(5):
         assert pool.choose(exclude={"h:1", "h:2"}) == "h:3"
     pool.mark_unhealthy("h:3", "x")
@@ -45,7 +45,7 @@ def test_exclude_prefers_untried_servers_then_falls_back():
 
 
 def test_sticky_rids_stay_while_healthy_and_move_when_not():
-    pool = ServerPool(ADDRS, "round_robin", sticky=True)
+    pool = ServerRouter(ADDRS, "round_robin", sticky=True)
     first = pool.choose("rid-a")
     assert all(pool.choose("rid-a") == first for _ in range(10))
     other = pool.choose("rid-b")
@@ -59,7 +59,7 @@ def test_sticky_rids_stay_while_healthy_and_move_when_not():
 
 
 def test_sticky_map_is_bounded_lru():
-    pool = ServerPool(ADDRS, sticky=True, sticky_capacity=3)
+    pool = ServerRouter(ADDRS, sticky=True, sticky_capacity=3)
     for r in ["a", "b", "c"]:
         pool.choose(r)
     pool.choose("a")  # refresh a
@@ -71,7 +71,7 @@ def test_sticky_map_is_bounded_lru():
 
 
 def test_failures_take_a_server_out_after_n_in_a_row():
-    pool = ServerPool(ADDRS, unhealthy_after=3)
+    pool = ServerRouter(ADDRS, unhealthy_after=3)
     assert not pool.record_failure("h:1", "e1")
     assert not pool.record_failure("h:1", "e2")
     pool.record_success("h:1")  # resets the streak
@@ -88,8 +88,8 @@ def test_failures_take_a_server_out_after_n_in_a_row():
 
 def test_bad_pool_settings():
     with pytest.raises(ValueError, match="at least one"):
-        ServerPool([])
+        ServerRouter([])
     with pytest.raises(ValueError, match="duplicate"):
-        ServerPool(["a:1", "a:1"])
+        ServerRouter(["a:1", "a:1"])
     with pytest.raises(ValueError, match="schedule_policy"):
-        ServerPool(["a:1"], policy="random")
+        ServerRouter(["a:1"], policy="random")

@@ -1,6 +1,6 @@
 import torch
 
-from arealite.utils.data import concat_padded_tensors, pad_sequences_to_tensors
+from arealite.api.trajectory import concat_padded_tensors, pad_sequences_to_tensors
 
 
 def test_pad_and_concat_follow_the_contract():

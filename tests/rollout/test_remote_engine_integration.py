@@ -22,8 +22,7 @@ import torch
 
 from arealite.api.config import GenerationHyperparameters, InferenceEngineConfig
 from arealite.api.io_struct import ModelRequest, ParamSpec, WeightUpdateMeta
-from arealite.engine.sglang_remote import RemoteSGLangEngine
-from arealite.rollout.weight_sync import write_disk_marker
+from arealite.rollout.remote_engine import RemoteSGLangEngine
 from arealite.utils.network import LOOPBACK, find_free_port, find_free_ports, wait_http_ok
 from tests.procs import kill_group, log_tail
 
@@ -139,7 +138,7 @@ def test_killed_server_loses_no_request_and_is_readmitted(pool, caplog):
     try:
         n = 400
         reqs = [request(f"kill{i}", n) for i in range(12)]
-        with caplog.at_level("WARNING", logger="arealite.engine.sglang_remote"):
+        with caplog.at_level("WARNING", logger="arealite.rollout.remote_engine"):
             fut = start_all(eng, reqs)
             deadline = time.monotonic() + 10
             while eng.pool.servers[dead].inflight < 4 and time.monotonic() < deadline:
@@ -224,7 +223,7 @@ def test_generation_cut_by_disk_update_switches_version_at_the_cut(pool, tiny_mo
     try:
         meta = WeightUpdateMeta(type="disk", version=new_v, path=str(tmp_path / "new"))
         save_model(tiny_model_dir, new, tmp_path / "new")
-        write_disk_marker(meta)  # what the trainer does once the files are complete
+        meta.write_disk_marker()  # what the trainer does once the files are complete
         n = 480  # long enough (prompt + n < 512 positions) for the pause to land mid-way
         reqs = [request(f"cut-{mode}-{i}", n, prompt=[5, 6, 7 + i]) for i in range(6)]
         fut = start_all(eng, reqs)

@@ -18,11 +18,11 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
-logger = logging.getLogger("arealite.rollout.server_pool")
+logger = logging.getLogger("arealite.rollout.router")
 
 
 @dataclass
-class ServerState:
+class ServerStatus:
     addr: str
     healthy: bool = True
     consecutive_failures: int = 0
@@ -35,7 +35,7 @@ class RoutingPolicy(abc.ABC):
     """Choose one server among ``candidates`` (non-empty); ``order`` is the pool's full list."""
 
     @abc.abstractmethod
-    def pick(self, candidates: list[ServerState], order: list[str]) -> ServerState: ...
+    def pick(self, candidates: list[ServerStatus], order: list[str]) -> ServerStatus: ...
 
 
 class RoundRobin(RoutingPolicy):
@@ -45,7 +45,7 @@ class RoundRobin(RoutingPolicy):
     def __init__(self) -> None:
         self._next = 0
 
-    def pick(self, candidates: list[ServerState], order: list[str]) -> ServerState:
+    def pick(self, candidates: list[ServerStatus], order: list[str]) -> ServerStatus:
         n = len(order)
         if len(candidates) == n:  # every server is a candidate (the usual case)
             idx = self._next % n
@@ -67,7 +67,7 @@ class LeastInflight(RoutingPolicy):
     def __init__(self) -> None:
         self._rr = RoundRobin()
 
-    def pick(self, candidates: list[ServerState], order: list[str]) -> ServerState:
+    def pick(self, candidates: list[ServerStatus], order: list[str]) -> ServerStatus:
         least = min(c.inflight for c in candidates)
         return self._rr.pick([c for c in candidates if c.inflight == least], order)
 
@@ -79,7 +79,7 @@ class NoHealthyServer(RuntimeError):
     pass
 
 
-class ServerPool:
+class ServerRouter:
     def __init__(
         self,
         addrs: list[str],
@@ -95,7 +95,7 @@ class ServerPool:
         if policy not in POLICIES:
             raise ValueError(f"unknown schedule_policy {policy!r}; choose from {sorted(POLICIES)}")
         self.addrs = list(addrs)
-        self.servers = {a: ServerState(a) for a in addrs}
+        self.servers = {a: ServerStatus(a) for a in addrs}
         self.policy = POLICIES[policy]()
         self.sticky = sticky
         self.unhealthy_after = unhealthy_after
@@ -104,7 +104,7 @@ class ServerPool:
         self._lock = threading.Lock()
         # The healthy servers in pool order, rebuilt only when a server's health changes (under
         # the lock) rather than filtered on every ``choose`` (the per-request hot path).
-        self._healthy: list[ServerState] = list(self.servers.values())
+        self._healthy: list[ServerStatus] = list(self.servers.values())
 
     # ------------------------------------------------------------------ routing
 

@@ -9,8 +9,8 @@ import inspect
 from typing import Any
 
 from arealite.api.config import GenerationHyperparameters, WorkflowConfig
+from arealite.api.reward_api import check_reward_fn
 from arealite.api.workflow_api import RolloutWorkflow
-from workflows.reward_pool import check_reward_fn
 
 
 class WorkflowImportError(ImportError):

@@ -1,0 +1,465 @@
+"""``RemoteSGLangEngine``: the client of a pool of SGLang-protocol servers (real SGLang or our
+embedded ones) and the owner of the rollout executor.
+
+- ``agenerate`` posts ``/generate`` with ``input_ids`` and ``return_logprob``; an aborted
+  segment (a pause for a weight update) is resumed with prompt + tokens so far and the remaining
+  ``max_new_tokens``, after the engine is no longer paused; tokens, logprobs and versions of each
+  segment are appended exactly once. Each segment has its own server-side rid
+  (``<rid>-<n>``), so a resubmission never collides with a server's record of the previous
+  one; routing stays sticky on the caller's rid.
+- Failures: connection errors, timeouts (each attempt has ``request_timeout``) and
+  5xx/408/429 are retried, with backoff, on another healthy server (``request_retries`` times);
+  4xx is not retried and surfaces the server's own message; a request that runs out of retries
+  names every server's reason. A server failing ``unhealthy_after_failures`` calls in a row
+  leaves the rotation until the background probe (every ``health_check_interval``) sees it
+  healthy again.
+- Versions: per output token, from the server's ``weight_versions`` spans (else its
+  ``weight_version``); a non-integer version string (SGLang's launch default ``"default"``) is
+  read as the engine's version when the request started (see ``rollout.sglang_protocol``).
+- Bodies and answers belong to the backend's ``GenerateProtocol`` (``rollout.backend``; SGLang's
+  by default): another backend is another protocol object, not another client.
+- The engine owns the event-loop thread (lent to the executor for its episodes) and the version
+  clock (``self.clock``, shared with the executor's staleness gate and, through the constructor,
+  with other engines of the same trainer rank).
+- ``update_weights`` runs ``arealite.rollout.weight_sync`` on the engine's loop and returns a
+  ``concurrent.futures.Future``; the version moves only once every remaining server confirmed.
+  Servers that fail an update leave the pool; the health probe re-admits a server only when its
+  reported version is current (re-syncing it from disk first when the last update was a disk
+  update).
+- ``ModelResponse.ttft`` is the time until the first segment that produced tokens returned
+  (requests are not streamed, so it is an upper bound on the true time to first token).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+import aiohttp
+import torch
+
+from arealite.api.config import InferenceEngineConfig
+from arealite.api.engine_api import InferenceEngine
+from arealite.api.io_struct import (
+    ModelRequest,
+    ModelResponse,
+    VersionClock,
+    WeightUpdateMeta,
+    WeightUpdateType,
+)
+from arealite.api.trajectory import TensorDict
+from arealite.api.workflow_api import RolloutWorkflow
+from arealite.rollout.backend import GenerateProtocol, ProtocolError
+from arealite.rollout.executor import WorkflowExecutor
+from arealite.rollout.health import ready_for_readmission
+from arealite.rollout.loop_thread import LoopThread
+from arealite.rollout.router import NoHealthyServer, ServerRouter
+from arealite.rollout.sglang_protocol import SGLANG
+from arealite.rollout.weight_check import fetch_weights, weight_mismatches
+from arealite.rollout.weight_sync import (
+    GroupLayout,
+    WeightSync,
+    WeightUpdateError,
+    group_layout,
+)
+from arealite.utils.http import (
+    RETRYABLE_STATUS,
+    TRANSPORT_ERRORS,
+    SessionCache,
+    decode_body,
+    describe_error,
+    error_message,
+    request_json,
+    uncancel,
+)
+from arealite.utils.network import parse_addrs
+
+logger = logging.getLogger("arealite.rollout.remote_engine")
+
+# Consecutive aborts without a token, while the engine is not paused, before a request fails
+# (with backoff up to 1 s each: over a minute of a server refusing to start it).
+MAX_EMPTY_ABORTS = 100
+
+ADDRS_ENV = "AREAL_LLM_SERVER_ADDRS"
+_NO_SERVERS: frozenset[str] = frozenset()
+
+
+class GenerationError(RuntimeError):
+    """A request failed: rejected by a server (``status`` 4xx) or out of retries (``errors``)."""
+
+    def __init__(self, message: str, status: int | None = None, errors: list | None = None):
+        super().__init__(message)
+        self.status = status
+        self.errors = errors or []
+
+
+class RemoteSGLangEngine(InferenceEngine):
+    def __init__(
+        self, config: InferenceEngineConfig, clock: VersionClock | None = None,
+        protocol: GenerateProtocol = SGLANG,
+    ):
+        self.config = config
+        self.protocol = protocol
+        self.addresses: list[str] = []
+        self.pool: ServerRouter | None = None
+        self.clock = clock or VersionClock()  # the one weight version of this trainer rank
+        self.loop = LoopThread("rollout-executor")
+        self.executor = WorkflowExecutor(config, self, self.loop, self.clock)
+        self.weight_sync = WeightSync(config.pause_mode, config.weight_update_timeout)
+        self.last_weight_update = None  # WeightUpdateReport of the last successful update
+        self._sessions = SessionCache()
+        self._updating = False  # between pause_generation and continue_generation
+        self._last_disk: WeightUpdateMeta | None = None
+        self._health_task: Any = None
+        self._segment_ids = itertools.count(1)  # next() is atomic: shared by threads
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def initialize(
+        self, addr: str | list[str] | None = None, train_data_parallel_size: int | None = None
+    ) -> None:
+        addrs = parse_addrs(addr) or parse_addrs(self.config.server_addrs)
+        addrs = addrs or parse_addrs(os.environ.get(ADDRS_ENV))
+        if not addrs:
+            raise ValueError(
+                f"no server addresses: pass addr=, set rollout.server_addrs, or {ADDRS_ENV}"
+            )
+        c = self.config
+        self.addresses = addrs
+        self.pool = ServerRouter(addrs, c.schedule_policy, c.sticky_rids, c.unhealthy_after_failures)
+        self._urls = {a: f"http://{a}{self.protocol.generate_path}" for a in addrs}
+        self.executor.initialize(train_data_parallel_size or 1)
+        self.loop.start(self.executor.launch_ready)  # ours, lent to the executor's episodes
+        fut = self.loop.run(self._wait_healthy(addrs, c.setup_timeout))
+        try:
+            fut.result(c.setup_timeout + 10)
+        except BaseException:
+            self.destroy()
+            raise
+        self._health_task = self.loop.run(self._health_loop())
+
+    def destroy(self) -> None:
+        if self._health_task is not None:
+            self._health_task.cancel()
+            self._health_task = None
+        if self.loop.alive:
+            self.loop.stop(self.executor.shutdown(self._cleanup))
+
+    async def _cleanup(self) -> None:
+        if self.pool is not None and self.weight_sync.group is not None:
+            try:
+                await self.weight_sync.destroy_group(self._sessions.get(), self.pool.healthy_addrs())
+            except Exception as e:  # noqa: BLE001 - best effort at shutdown
+                logger.warning("destroying the weight-update group: %s", describe_error(e))
+        await self._sessions.close_current()
+
+    async def _wait_healthy(self, addrs: list[str], timeout: float) -> None:
+        session = self._sessions.get()
+        deadline = time.monotonic() + timeout
+        reasons = {a: "not tried" for a in addrs}
+
+        async def probe(a: str) -> None:
+            while True:
+                try:
+                    left = max(0.1, min(5.0, deadline - time.monotonic()))
+                    res = await request_json(session, "GET", f"http://{a}/health", timeout=left)
+                    if res.status == 200:
+                        reasons.pop(a, None)
+                        return
+                    reasons[a] = f"HTTP {res.status}: {error_message(res.body)}"
+                except TRANSPORT_ERRORS as e:
+                    reasons[a] = describe_error(e)
+                if time.monotonic() + 0.2 >= deadline:
+                    return
+                await asyncio.sleep(0.2)
+
+        await asyncio.gather(*(probe(a) for a in addrs))
+        if reasons:
+            raise TimeoutError(
+                f"servers not healthy after {timeout:.0f} s: "
+                + "; ".join(f"{a} ({r})" for a, r in reasons.items())
+            )
+
+    # ------------------------------------------------------------------ generation
+
+    async def agenerate(self, req: ModelRequest) -> ModelResponse:
+        """One sample for ``req``: segments (a pause for a weight update aborts one; the next
+        resumes with prompt + tokens so far) and, within each, attempts on healthy servers.
+
+        One coroutine frame for all of it, segments and attempts as loops rather than awaited
+        helpers: every await level costs on each resume of the request, and this is the
+        client's per-request hot path (see ``benchmarks/client_overhead.py``).
+        """
+        ids_json = req.validate()
+        pool = self.pool
+        if pool is None:
+            raise RuntimeError("RemoteSGLangEngine.initialize() has not been called")
+        g = req.gconfig
+        if g.n_samples != 1:
+            raise ValueError(
+                f"agenerate makes one sample (n_samples={g.n_samples}): call it once per sample"
+            )
+        rid, max_new = req.rid, g.max_new_tokens
+        start_version = self.clock.value
+        t0 = time.monotonic()
+        session, watch = self._sessions.get_with_watch()
+        task = asyncio.current_task()
+        # The response's own copy of the prompt (never mutated) is also the first body's ids.
+        prompt = list(req.input_ids)
+        proto = self.protocol
+        body = proto.encode_generate_body(prompt, g, max_new, self._segment_rid(rid), 0, ids_json)
+        tokens: list[int] | None = None  # then the first segment's lists, no copies
+        logprobs: list[float] | None = None
+        versions: list[int] | None = None
+        ttft = None
+        empty_aborts = 0
+        while True:  # one pass per segment
+            errors: tuple[tuple[str, str], ...] = ()  # (server, reason) per failed attempt
+            tried: frozenset[str] = _NO_SERVERS
+            for attempt in range(self.config.request_retries + 1):
+                if attempt:  # backoff: 0.1, 0.2, 0.4, ... 2 s
+                    await asyncio.sleep(min(0.1 * 2 ** (attempt - 1), 2.0))
+                try:
+                    addr = pool.choose(rid, tried, True)
+                except NoHealthyServer as e:
+                    errors += (("pool", str(e)),)
+                    # wait for the health probe to re-admit a server
+                    await asyncio.sleep(self.config.health_check_interval)
+                    continue
+                ok = fired = False
+                url = self._urls[addr]
+                try:
+                    watch.add(task, time.monotonic() + self.config.request_timeout)
+                    try:
+                        # what aiohttp's json= sends, with the body already encoded
+                        data = aiohttp.BytesPayload(body, content_type="application/json")
+                        async with session.post(url, data=data) as r:
+                            raw = await r.read()
+                            status = r.status
+                    finally:
+                        fired = watch.remove(task)
+                    if status == 200:
+                        seg = proto.parse_generate_response(json.loads(raw), start_version)
+                        ok = True
+                        break
+                    reason = self._rejection(rid, addr, status, raw, r.headers)
+                except asyncio.CancelledError:
+                    if not fired:  # cancelled from elsewhere, not by our deadline
+                        raise
+                    uncancel(task)
+                    reason = "timed out"
+                except (ProtocolError, json.JSONDecodeError, *TRANSPORT_ERRORS) as e:
+                    reason = describe_error(e)
+                finally:
+                    pool.release(addr, ok)
+                pool.record_failure(addr, reason)
+                errors += ((addr, reason),)
+                tried |= {addr}
+                logger.warning("request %s failed on %s (%s); retrying elsewhere", rid, addr, reason)
+            else:
+                raise GenerationError(
+                    f"request {rid} failed after {attempt + 1} attempt(s): "
+                    + "; ".join(f"{a}: {r}" for a, r in errors),
+                    errors=list(errors),
+                )
+            if not tokens:
+                tokens, logprobs, versions = seg.output_ids, seg.logprobs, seg.versions
+            else:
+                tokens += seg.output_ids
+                logprobs += seg.logprobs
+                versions += seg.versions
+            if seg.finish_type != "abort":
+                stop_reason = seg.finish_type
+                break
+            if ttft is None and seg.output_ids:  # else the latency, once finished
+                ttft = time.monotonic() - t0
+            done = len(tokens)
+            if done >= max_new:
+                stop_reason = "length"  # cut exactly at the last token
+                break
+            empty_aborts = empty_aborts + 1 if not seg.output_ids else 0
+            if empty_aborts > MAX_EMPTY_ABORTS:
+                raise GenerationError(
+                    f"request {rid}: aborted {empty_aborts} times in a row before producing a "
+                    f"token (last: {seg.finish_message!r} from {addr})"
+                )
+            await self._wait_unpaused(rid)
+            if empty_aborts:  # repeated empty aborts while not paused: do not spin
+                await asyncio.sleep(min(0.05 * empty_aborts, 1.0))
+            body = proto.encode_generate_body(
+                prompt + tokens, g, max_new - done, self._segment_rid(rid), done
+            )
+        latency = time.monotonic() - t0
+        return ModelResponse(
+            prompt, tokens, logprobs, versions, stop_reason, latency,
+            latency if ttft is None else ttft, addr,
+        )
+
+    def _segment_rid(self, rid: str) -> str:
+        # Each segment has its own server-side rid, so a resubmission never collides with a
+        # server's record of the previous one (next() is atomic: the engine is shared by threads).
+        return f"{rid}-{next(self._segment_ids)}"
+
+    @staticmethod
+    def _rejection(rid: str, addr: str, status: int, raw: bytes, headers: Any) -> str:
+        """The reason a non-200 answer gives for retrying elsewhere; a 4xx that is the
+        request's own fault raises ``GenerationError`` with the server's message instead."""
+        msg = error_message(decode_body(raw, headers.get("Content-Type")))
+        if status not in RETRYABLE_STATUS and status < 500:
+            raise GenerationError(f"request {rid} rejected by {addr} (HTTP {status}): {msg}", status)
+        return f"HTTP {status}: {msg}"
+
+    async def _wait_unpaused(self, rid: str) -> None:
+        """Wait while the engine is paused, at most ``request_timeout`` seconds."""
+        deadline = time.monotonic() + self.config.request_timeout
+        while self._updating or self.executor.paused:
+            if time.monotonic() >= deadline:
+                raise GenerationError(
+                    f"request {rid}: the engine stayed paused for request_timeout "
+                    f"({self.config.request_timeout:.0f} s)"
+                )
+            await asyncio.sleep(0.05)
+
+    # ------------------------------------------------------------------ health
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.health_check_interval)
+            bad = self.pool.unhealthy_addrs()
+            if bad and not self._updating:
+                await asyncio.gather(*(self._probe(a) for a in bad), return_exceptions=True)
+
+    async def _probe(self, addr: str) -> None:
+        current = self.clock.value  # an update finishing meanwhile makes this probe stale
+        ok = await ready_for_readmission(
+            self._sessions.get(), addr, current, self._last_disk,
+            max(5.0, self.config.health_check_interval), self.config.weight_update_timeout,
+        )
+        if ok and not self._updating and self.clock.value == current:
+            self.pool.mark_healthy(addr)
+
+    # ------------------------------------------------------------------ weights
+
+    def update_weights(self, meta: WeightUpdateMeta) -> Future:
+        """Start moving every healthy server to ``meta.version`` (see ``weight_sync``)."""
+        if self.pool is None:
+            raise RuntimeError("RemoteSGLangEngine.initialize() has not been called")
+        return self.loop.run(self._update_weights(meta))
+
+    def _set_updating(self, on: bool) -> None:
+        # While set, aborted requests wait before resubmitting and the probe re-admits nobody.
+        self._updating = on
+
+    async def _update_weights(self, meta: WeightUpdateMeta) -> None:
+        targets = self.pool.healthy_addrs()
+        if not targets:
+            raise WeightUpdateError("no healthy server to update: " + self.pool.describe())
+        try:
+            report = await self.weight_sync.run(
+                self._sessions.get(), targets, meta, on_pause=self._set_updating
+            )
+        except WeightUpdateError as e:
+            for a, r in (e.report.failed if e.report else {}).items():
+                self.pool.mark_unhealthy(a, f"weight update to v{meta.version} failed: {r}")
+            raise
+        finally:
+            self._updating = False
+        for a, r in report.failed.items():
+            self.pool.mark_unhealthy(a, f"weight update to v{meta.version} failed: {r}")
+        if report.failed:
+            logger.error("weight update v%d: servers taken out: %s", meta.version, report.failed)
+        if meta.type == WeightUpdateType.DISK:
+            self._last_disk = meta
+        self.last_weight_update = report
+        self.set_version(meta.version)
+
+    def weight_group_layout(self, timeout: float = 30.0) -> GroupLayout:
+        """World size, rank offsets and backend a new weight-update group over the healthy
+        servers would use (``update_weights`` also publishes ``meta.world_size`` itself)."""
+
+        async def go() -> GroupLayout:
+            return await group_layout(self._sessions.get(), self.pool.healthy_addrs(), timeout)
+
+        return self.loop.run(go()).result(timeout + 5)
+
+    def get_weights_by_name(
+        self, name: str, truncate_size: int = 100, timeout: float = 60.0
+    ) -> dict[str, Any]:
+        """``/get_weights_by_name`` on every healthy server: ``{addr: values}``."""
+        async def go() -> dict[str, Any]:  # the session belongs to the engine's loop
+            addrs = self.pool.healthy_addrs()
+            return await fetch_weights(self._sessions.get(), addrs, name, truncate_size, timeout)
+
+        return self.loop.run(go()).result(timeout + 5)
+
+    def verify_weights(
+        self, expected: dict[str, torch.Tensor], atol: float = 1e-5, truncate_size: int = 100
+    ) -> None:
+        """Raise ``WeightUpdateError`` if any healthy server's ``get_weights_by_name`` differs
+        from ``expected`` (over the first ``truncate_size`` rows, as the endpoint returns)."""
+        bad = []
+        for name, t in expected.items():
+            fetched = self.get_weights_by_name(name, truncate_size)
+            bad += weight_mismatches(name, t, fetched, truncate_size, atol)
+        if bad:
+            raise WeightUpdateError("servers' weights differ from the trainer's: " + "; ".join(bad))
+
+    # ------------------------------------------------------------------ executor
+
+    def submit(self, data: dict[str, Any], workflow: RolloutWorkflow) -> None:
+        self.executor.submit(data, workflow)
+
+    def wait(
+        self, count: int, timeout: float | None = None,
+        should_accept: Callable[[TensorDict], bool] | None = None,
+    ) -> TensorDict:
+        return self.executor.wait(count, timeout, should_accept)
+
+    def rollout_batch(
+        self, data: list[dict[str, Any]], workflow: RolloutWorkflow,
+        should_accept: Callable[[TensorDict], bool] | None = None,
+    ) -> TensorDict:
+        return self.executor.rollout_batch(data, workflow, should_accept)
+
+    def prepare_batch(
+        self, dataloader: Any, workflow: RolloutWorkflow,
+        should_accept: Callable[[TensorDict], bool] | None = None,
+    ) -> TensorDict:
+        return self.executor.prepare_batch(dataloader, workflow, should_accept)
+
+    def data_state(self) -> dict[str, Any]:
+        """``prepare_batch``'s epoch and in-flight rows, for a recovery checkpoint."""
+        return self.executor.data_state()
+
+    def load_data_state(self, state: dict[str, Any]) -> None:
+        self.executor.load_data_state(state)
+
+    def idle_stats(self) -> dict[str, float]:
+        """The executor's idle time and ratio since the previous call (see ``WorkflowExecutor``)."""
+        return self.executor.idle_stats()
+
+    def pause(self) -> None:
+        self.executor.pause()
+
+    def resume(self) -> None:
+        self.executor.resume()
+
+    def set_version(self, version: int) -> None:
+        self.executor.set_version(version)  # moves self.clock (the executor's is the same)
+
+    def get_version(self) -> int:
+        return self.clock.value
+
+    def restore(self, version: int, data_state: dict[str, Any] | None = None) -> None:
+        """Resume a run at ``version`` in one call, before or after ``initialize``: the version,
+        the staleness counters it implies, and (async mode) ``prepare_batch``'s data state."""
+        self.executor.restore(version)
+        if data_state is not None:
+            self.executor.load_data_state(data_state)

@@ -1,0 +1,119 @@
+"""The layers of docs/architecture.md, read from the code: every import (``ast``, so imports
+inside functions and under ``TYPE_CHECKING`` count too) must point down the table below, and
+``arealite/api`` has no import cycle. A new sub-package fails here until it gets a row, so the
+doc and the code cannot drift apart again."""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("arealite", "workflows", "benchmarks", "servers")
+
+# unit -> the units it may import (besides itself). A unit is a top-level package, or an
+# arealite sub-package. Top to bottom as in docs/architecture.md.
+ALLOWED: dict[str, set[str]] = {
+    "benchmarks": {"arealite.api", "arealite.utils", "arealite.dataset", "arealite.models",
+                   "arealite.engine", "arealite.rollout", "arealite.launcher", "arealite.trainer",
+                   "workflows", "servers"},
+    "arealite.cli": {"arealite.trainer", "arealite.launcher", "arealite.models",
+                     "arealite.dataset", "arealite.api", "arealite.utils"},
+    "arealite.trainer": {"arealite.launcher", "arealite.engine", "arealite.rollout",
+                         "arealite.models", "arealite.dataset", "arealite.utils", "arealite.api"},
+    "arealite.launcher": {"arealite.utils", "arealite.api"},
+    # algorithms and engines: the trainer side and the client side never import each other
+    "arealite.engine": {"arealite.utils", "arealite.api"},
+    "arealite.rollout": {"arealite.utils", "arealite.api"},
+    "workflows": {"arealite.api"},  # plus reward libraries; a user's workflow needs only the API
+    "arealite.models": {"arealite.dataset", "arealite.utils", "arealite.api"},
+    "arealite.dataset": {"arealite.api"},
+    "arealite.utils": {"arealite.api"},
+    "arealite.api": set(),
+    "servers": set(),  # shares only the wire protocol with arealite
+}
+
+# Old import paths kept for users' code, each a re-export of one module and nothing else.
+ALIASES = {"arealite.engine.sglang_remote": "arealite.rollout.remote_engine"}
+
+
+def _unit(module: str) -> str:
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "arealite" and len(parts) > 1 else parts[0]
+
+
+def _imports(path: Path) -> set[str]:
+    """Project modules imported anywhere in ``path`` (absolute imports; the project uses no
+    relative ones)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module]
+        else:
+            continue
+        out.update(n for n in names if n.split(".")[0] in PACKAGES)
+    return out
+
+
+def _modules() -> dict[str, Path]:
+    mods = {}
+    for pkg in PACKAGES:
+        for f in (ROOT / pkg).rglob("*.py"):
+            mods[".".join(f.relative_to(ROOT).with_suffix("").parts)] = f
+    return mods
+
+
+def import_arrows() -> dict[tuple[str, str], set[str]]:
+    """(from unit, to unit) -> the ``module -> imported`` lines behind that arrow."""
+    arrows: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for mod, path in _modules().items():
+        if mod in ALIASES:
+            continue
+        for imp in _imports(path):
+            src, dst = _unit(mod), _unit(imp)
+            if src != dst:
+                arrows[src, dst].add(f"{mod} -> {imp}")
+    return arrows
+
+
+def test_every_unit_has_a_row():
+    units = {_unit(m) for m in _modules() if m.count(".") >= 1 or m in PACKAGES}
+    units.discard("arealite.__init__")
+    missing = sorted(u for u in units if u not in ALLOWED and not u.endswith("__init__"))
+    assert not missing, f"add these to ALLOWED (and to docs/architecture.md): {missing}"
+
+
+def test_no_import_points_up():
+    bad = {k: sorted(v) for k, v in import_arrows().items() if k[1] not in ALLOWED.get(k[0], set())}
+    assert not bad, "imports against the layers:\n" + "\n".join(
+        f"  {s} -> {d}: {lines}" for (s, d), lines in sorted(bad.items()))
+
+
+def test_aliases_only_re_export():
+    import importlib
+
+    for alias, target in ALIASES.items():
+        assert _imports(_modules()[alias]) == {target}
+        old, new = importlib.import_module(alias), importlib.import_module(target)
+        assert all(getattr(old, n) is getattr(new, n) for n in old.__all__)
+
+
+def test_api_has_no_import_cycle():
+    mods = {m: p for m, p in _modules().items() if m.startswith("arealite.api.")}
+    graph = {m: {i for i in _imports(p) if i in mods} for m, p in mods.items()}
+    state: dict[str, int] = {}  # 1 on the stack, 2 done
+
+    def visit(m: str, stack: list[str]) -> None:
+        state[m] = 1
+        for n in sorted(graph[m]):
+            assert state.get(n) != 1, "import cycle: " + " -> ".join(stack[stack.index(n):] + [n])
+            if n not in state:
+                visit(n, stack + [n])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
