@@ -208,6 +208,11 @@ async def update_weights_from_disk(obj: UpdateFromDiskReq, request: Request) -> 
     return _msg(ok, message, num_paused_requests=0)
 
 
+def _settle(fut: asyncio.Future, result, error: BaseException | None) -> None:
+    if not fut.done():
+        fut.set_exception(error) if error is not None else fut.set_result(result)
+
+
 async def _daemon_thread(fn):
     loop = asyncio.get_running_loop()
     fut = loop.create_future()
@@ -215,10 +220,10 @@ async def _daemon_thread(fn):
     def run() -> None:
         try:
             res = fn()
-        except BaseException:  # handed to the awaiting route
-            loop.call_soon_threadsafe(lambda: fut.done() or fut.set_exception(e))
+        except BaseException as e:  # handed to the awaiting route
+            loop.call_soon_threadsafe(_settle, fut, None, e)
         else:
-            loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(res))
+            loop.call_soon_threadsafe(_settle, fut, res, None)
 
     threading.Thread(target=run, name="weight-group-join", daemon=True).start()
     return await fut

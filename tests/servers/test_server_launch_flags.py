@@ -70,8 +70,9 @@ def test_rendezvous_is_bounded_and_sigterm_still_stops_the_server(tiny_model_dir
                 assert r.status_code == 400 and time.monotonic() - t0 < 60
                 assert requests.get(f"{base}/health", timeout=10).status_code == 200
                 continue
-            threading.Thread(target=lambda: requests.post(
-                f"{base}/init_weights_update_group", json=body, timeout=120), daemon=True).start()
+            url = f"{base}/init_weights_update_group"
+            threading.Thread(target=requests.post, args=(url,), daemon=True,
+                             kwargs={"json": body, "timeout": 120}).start()
             time.sleep(2)
             assert requests.get(f"{base}/health", timeout=10).status_code == 200  # still serving
             t0 = time.monotonic()
