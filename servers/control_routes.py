@@ -190,6 +190,9 @@ def _after_update(st: ServerState, ok: bool, message: str, version: str | None, 
 @router.post("/update_weights_from_disk")
 async def update_weights_from_disk(obj: UpdateFromDiskReq, request: Request) -> JSONResponse:
     st = _st(request)
+    refused = weights.outside_roots(obj.model_path, st.args.weight_roots())
+    if refused:  # before anything is aborted or read: the old weights stay
+        return _msg(False, refused, num_paused_requests=0)
     if obj.abort_all_requests:
         st.engine.abort(abort_all=True)
 

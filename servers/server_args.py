@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import ipaddress
+import os
 import sys
 from dataclasses import dataclass
 
@@ -35,10 +36,16 @@ class ServerArgs:
     incremental_streaming_output: bool = False
     weight_group_timeout: float = 60.0
     insecure: bool = False
+    weight_load_root: list[str] = dataclasses.field(default_factory=list)
     mem_fraction_static: float | None = None
     allow_auto_truncate: bool = False
     health_stall_timeout: float = 60.0
     launch_command: str = ""
+
+    def weight_roots(self) -> list[str]:
+        """Folders /update_weights_from_disk may read: the one holding --model-path, and each
+        --weight-load-root."""
+        return [os.path.dirname(os.path.abspath(self.model_path)), *self.weight_load_root]
 
     def resolved(self) -> dict:
         """The flat dict ``/server_info`` reports (SGLang reports every resolved arg)."""
@@ -86,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--incremental-streaming-output", action="store_true")
     p.add_argument("--weight-group-timeout", type=float, default=60.0,
                    help="seconds a weight-update group waits on a rendezvous or broadcast")
+    p.add_argument("--weight-load-root", action="append", default=[], metavar="DIR",
+                   help="also let /update_weights_from_disk read checkpoints under DIR "
+                        "(repeatable; the folder holding --model-path is always allowed)")
     p.add_argument("--insecure", action="store_true",
                    help="allow a non-loopback --host without --api-key (anyone who can reach "
                         "the port can then generate, pause and load weights)")
@@ -115,8 +125,6 @@ def is_loopback(host: str) -> bool:
 
 
 def parse_args(argv: list[str] | None = None) -> ServerArgs:
-    import os
-
     parser = build_parser()
     ns = parser.parse_args(argv)
     if ns.tp_size != 1 or ns.dp_size != 1:

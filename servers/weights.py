@@ -195,6 +195,20 @@ def read_checkpoint(model_path: str) -> NamedTensors:
     return out
 
 
+def outside_roots(model_path: str, roots: list[str]) -> str | None:
+    """Why ``model_path`` may not be loaded, or None. The path must lie inside one of ``roots``
+    once every symlink and ``..`` is resolved, so neither can lead out of them."""
+    try:
+        real = Path(model_path).resolve(strict=False)
+    except (OSError, RuntimeError, ValueError) as e:
+        return f"model_path {model_path!r} cannot be resolved: {e}"
+    for root in roots:
+        if real.is_relative_to(Path(root).resolve(strict=False)):
+            return None
+    return (f"model_path {model_path!r} is outside the folders this server loads weights from "
+            f"({', '.join(roots)}); start it with --weight-load-root to allow another")
+
+
 def update_weights_from_disk(model: torch.nn.Module, model_path: str) -> tuple[bool, str]:
     try:
         named = read_checkpoint(model_path)

@@ -6,8 +6,11 @@ A reward function has the signature ``reward_fn(prompt, completion, prompt_ids, 
 one, or an instance of a module-level class) because workers are started with ``spawn`` (the
 trainer runs torch threads, and ``fork`` after threads is unsafe).
 
-- A call that runs past its timeout kills its worker (a replacement is started) and gives 0.
-- A call that raises, returns a non-number or NaN, or whose worker dies gives 0.
+- A call that runs past its timeout kills its worker (a replacement is started) and fails.
+- A call that raises, returns a non-number or NaN, or whose worker dies fails.
+- A failed call raises ``RewardFailed`` from ``compute_reward``: the episode is rejected, not
+  trained, and the executor draws its prompt again. ``reward_failure="zero"`` (a workflow
+  argument) keeps the old behaviour of scoring it 0.
 - Every such outcome is counted in ``arealite.api.reward_api`` (``reward_stats()``, re-exported
   here), where the trainer's stats read them.
 - Per-function opt-out: a reward decorated with ``@inline_reward`` runs directly on the calling
@@ -32,6 +35,8 @@ from typing import Any
 
 # The contract and counters are the API's; re-exported here, where reward authors look for them.
 from arealite.api.reward_api import (  # noqa: F401
+    REWARD_FAILURE_POLICIES,
+    RewardFailed,
     check_reward_fn,
     count_reward,
     inline_reward,
@@ -151,8 +156,8 @@ class RewardPool:
             else:
                 self._idle.append(w)
 
-    def call(self, fn: Callable, args: tuple, kwargs: dict, timeout: float) -> float:
-        """Blocking: the reward, or 0.0 on timeout / error / crash (each counted and logged)."""
+    def call(self, fn: Callable, args: tuple, kwargs: dict, timeout: float) -> float | None:
+        """Blocking: the reward, or None on timeout / error / crash (each counted and logged)."""
         if self._closed:
             raise RuntimeError("the reward pool is shut down")
         count_reward("calls")
@@ -160,8 +165,8 @@ class RewardPool:
             body = pickle.dumps(fn)
         except Exception as e:  # noqa: BLE001
             count_reward("errors")
-            logger.warning("reward %r is not picklable: %s; reward 0", fn, e)
-            return 0.0
+            logger.warning("reward %r is not picklable: %s", fn, e)
+            return None
         key = body  # the pickled reference identifies the function in a worker's cache
         with self._slots:
             w = self._take()
@@ -179,19 +184,19 @@ class RewardPool:
             count_reward("ok")
             return val
 
-    def _failed(self, w: _Worker, status: str, why: str, fn: Callable, dt: float = 0.0) -> float:
+    def _failed(self, w: _Worker, status: str, why: str, fn: Callable, dt: float = 0.0) -> None:
         name = getattr(fn, "__name__", type(fn).__name__)
         if status == "err":
             self._give_back(w)  # the worker itself is fine
             count_reward("errors")
-            logger.warning("reward %s raised %s; reward 0", name, why)
+            logger.warning("reward %s raised %s", name, why)
         else:
             w.kill()  # a hung worker is killed; a new one starts on demand
             count_reward("timeouts" if status == "timeout" else "worker_crashes")
-            logger.warning("reward %s %s after %.1fs (%s); reward 0", name, status, dt, why)
-        return 0.0
+            logger.warning("reward %s %s after %.1fs (%s)", name, status, dt, why)
+        return None
 
-    async def acall(self, fn: Callable, *args: Any, timeout: float, **kwargs: Any) -> float:
+    async def acall(self, fn: Callable, *args: Any, timeout: float, **kwargs: Any) -> float | None:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._threads, self.call, fn, args, kwargs, timeout)
 
@@ -235,24 +240,35 @@ atexit.register(shutdown_reward_pool)
 
 async def compute_reward(
     fn: Callable, prompt: str, completion: str, prompt_ids: list[int],
-    completion_ids: list[int], row: dict[str, Any], timeout: float,
+    completion_ids: list[int], row: dict[str, Any], timeout: float, on_failure: str = "reject",
 ) -> float:
-    """One reward: inline or through the shared pool; never raises for the function's faults."""
+    """One reward: inline or through the shared pool. When the function raises, times out or
+    loses its worker (counted and logged either way): ``on_failure="reject"`` raises
+    ``RewardFailed``, so the episode is not trained and its prompt is drawn again;
+    ``"zero"`` scores it 0."""
+    if on_failure not in REWARD_FAILURE_POLICIES:
+        raise ValueError(f"reward_failure must be one of {REWARD_FAILURE_POLICIES}, got {on_failure!r}")
     kwargs = {k: v for k, v in row.items() if k not in _RESERVED}
     args = (prompt, completion, list(prompt_ids), list(completion_ids))
+    name = getattr(fn, "__name__", type(fn).__name__)
     if is_inline(fn):
         count_reward("calls")
         count_reward("inline")
         try:
-            r = _to_reward(fn(*args, **kwargs))
-        except Exception as e:  # noqa: BLE001 - a reward bug costs this sample, not the episode
+            r: float | None = _to_reward(fn(*args, **kwargs))
+            count_reward("ok")
+        except Exception as e:  # noqa: BLE001 - counted; the policy decides what it costs
             count_reward("errors")
-            logger.warning("inline reward %s raised %s: %s; reward 0",
-                           getattr(fn, "__name__", fn), type(e).__name__, e)
-            return 0.0
-        count_reward("ok")
+            logger.warning("inline reward %s raised %s: %s", name, type(e).__name__, e)
+            r = None
+    else:
+        r = await get_reward_pool().acall(fn, *args, timeout=timeout, **kwargs)
+    if r is not None:
         return r
-    return await get_reward_pool().acall(fn, *args, timeout=timeout, **kwargs)
+    if on_failure == "zero":
+        return 0.0
+    raise RewardFailed(f"reward {name} failed (see the warning above); the episode is rejected "
+                       "and its prompt drawn again (reward_failure='zero' scores it 0 instead)")
 
 
 # Row keys that would collide with the positional arguments are not passed on.

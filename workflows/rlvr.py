@@ -22,7 +22,7 @@ from workflows.prompting import (
     sample_id,
     with_stop_tokens,
 )
-from workflows.reward_pool import check_reward_fn, compute_reward
+from workflows.reward_pool import REWARD_FAILURE_POLICIES, check_reward_fn, compute_reward
 
 
 def trajectory_row(prompt_ids: list[int], resp: ModelResponse, reward: float, sid: Any = None,
@@ -51,7 +51,10 @@ class RLVRWorkflow(RolloutWorkflow):
             runs in the shared reward pool (or inline when marked ``@inline_reward``).
         gconfig: sampling settings; ``n_samples`` requests of one sample each run concurrently.
         tokenizer: an HF tokenizer (chat template, decode).
-        reward_timeout: seconds per reward call before it scores 0 (and is counted).
+        reward_timeout: seconds per reward call before it fails (and is counted).
+        reward_failure: what a failed reward call (raised, timed out, worker died) costs:
+            ``"reject"`` (default) fails the episode, so it is not trained and the executor
+            draws its prompt again; ``"zero"`` scores that sample 0 and trains on it.
         apply_chat_template / system_prompt / template_kwargs: how rows become prompts
             (``workflows.prompting.encode_prompt``); ``template_kwargs`` reach the template,
             e.g. ``{"enable_thinking": False}``.
@@ -66,6 +69,7 @@ class RLVRWorkflow(RolloutWorkflow):
         tokenizer: Any,
         *,
         reward_timeout: float = 15.0,
+        reward_failure: str = "reject",
         apply_chat_template: bool = True,
         system_prompt: str | None = None,
         template_kwargs: dict[str, Any] | None = None,
@@ -78,6 +82,10 @@ class RLVRWorkflow(RolloutWorkflow):
             raise ValueError("RLVRWorkflow needs a tokenizer")
         if reward_timeout <= 0:
             raise ValueError("reward_timeout must be > 0")
+        if reward_failure not in REWARD_FAILURE_POLICIES:
+            raise ValueError(f"reward_failure must be one of {REWARD_FAILURE_POLICIES}, "
+                             f"got {reward_failure!r}")
+        self.reward_failure = reward_failure
         self.reward_fn = reward_fn
         self.gconfig = gconfig
         self.tokenizer = tokenizer
@@ -100,7 +108,7 @@ class RLVRWorkflow(RolloutWorkflow):
     async def score(self, prompt: str, completion: str, prompt_ids: list[int],
                     completion_ids: list[int], data: dict[str, Any]) -> float:
         return await compute_reward(self.reward_fn, prompt, completion, prompt_ids,
-                                    completion_ids, data, self.reward_timeout)
+                                    completion_ids, data, self.reward_timeout, self.reward_failure)
 
     async def arun_episode(
         self, engine: InferenceEngine, data: dict[str, Any]

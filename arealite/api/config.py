@@ -94,7 +94,8 @@ class TrainEngineConfig(BaseConfig):
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="Master parameter dtype."
     )
-    mixed_precision: MixedPrecisionConfig = Field(default_factory=MixedPrecisionConfig)
+    mixed_precision: MixedPrecisionConfig = Field(
+        default_factory=MixedPrecisionConfig, description="Parameter and reduction dtypes.")
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward.")
     cpu_offload: bool = Field(False, description="FSDP2 CPU offload of parameters/optimizer.")
     optimizer: OptimizerConfig | None = Field(
@@ -190,6 +191,11 @@ class InferenceEngineConfig(BaseConfig):
     setup_timeout: float = Field(120.0, gt=0, description="Seconds to wait for servers' /health.")
     request_timeout: float = Field(3600.0, gt=0, description="Seconds per /generate call.")
     request_retries: int = Field(3, ge=0, description="Retries of a failed call, on other servers.")
+    episode_retries: int = Field(
+        2, ge=0, description="Times the prompt of a failed episode (its workflow raised: a "
+        "generation failed after all retries, a reward failed) is drawn again before it is "
+        "dropped (counted as rollout/dropped)."
+    )
     unhealthy_after_failures: int = Field(
         3, ge=1, description="Consecutive failures before a server leaves the pool."
     )
@@ -341,15 +347,20 @@ class BaseExperimentConfig(BaseConfig):
     dist_backend: Literal["auto", "gloo", "nccl"] = Field(
         "auto", description="auto: nccl on cuda, gloo on cpu."
     )
-    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
-    train_dataset: DatasetConfig = Field(default_factory=DatasetConfig)
+    cluster: ClusterConfig = Field(
+        default_factory=ClusterConfig, description="Where the run's files go (fileroot).")
+    train_dataset: DatasetConfig = Field(
+        default_factory=DatasetConfig, description="The training split.")
     valid_dataset: DatasetConfig | None = Field(None, description="Held-out split, if any.")
-    saver: SaverConfig = Field(default_factory=SaverConfig)
+    saver: SaverConfig = Field(
+        default_factory=SaverConfig, description="When to save HF checkpoints.")
     recover: RecoverConfig = Field(
         default_factory=RecoverConfig, description="Recovery checkpoints (DCP + state) and resume."
     )
-    evaluator: EvaluatorConfig = Field(default_factory=EvaluatorConfig)
-    stats_logger: StatsLoggerConfig = Field(default_factory=StatsLoggerConfig)
+    evaluator: EvaluatorConfig = Field(
+        default_factory=EvaluatorConfig, description="Held-out evaluation.")
+    stats_logger: StatsLoggerConfig = Field(
+        default_factory=StatsLoggerConfig, description="Console, JSONL, tensorboard logging.")
 
     def run_dir(self, *parts: str) -> Path:
         """``{cluster.fileroot}/{experiment_name}/{trial_name}/parts...``: the one place that
@@ -359,7 +370,8 @@ class BaseExperimentConfig(BaseConfig):
 
 class SFTConfig(BaseExperimentConfig):
     kind: Literal["sft"] = Field("sft", description="Which experiment this file configures.")
-    model: TrainEngineConfig = Field(default_factory=TrainEngineConfig)
+    model: TrainEngineConfig = Field(
+        default_factory=TrainEngineConfig, description="The model trained by SFT.")
     prompt_key: str = Field("question", description="Row field holding the prompt.")
     completion_key: str = Field("answer", description="Row field holding the target completion.")
     use_chat_template: bool = Field(True, description="Wrap prompts as a chat user turn.")
@@ -376,20 +388,25 @@ class SFTConfig(BaseExperimentConfig):
 class GRPOConfig(BaseExperimentConfig):
     kind: Literal["grpo"] = Field("grpo", description="Which experiment this file configures.")
     async_training: bool = Field(True, description="prepare_batch (async) or rollout_batch (sync).")
-    actor: PPOActorConfig = Field(default_factory=PPOActorConfig)
+    actor: PPOActorConfig = Field(
+        default_factory=PPOActorConfig, description="The policy and its PPO loss.")
     ref: PPOActorConfig | None = Field(None, description="Frozen reference model (kl_ctl > 0).")
-    rollout: InferenceEngineConfig = Field(default_factory=InferenceEngineConfig)
-    gconfig: GenerationHyperparameters = Field(default_factory=GenerationHyperparameters)
+    rollout: InferenceEngineConfig = Field(
+        default_factory=InferenceEngineConfig,
+        description="The inference client, staleness gate and executor.")
+    gconfig: GenerationHyperparameters = Field(
+        default_factory=GenerationHyperparameters, description="Sampling for training episodes.")
     eval_gconfig: GenerationHyperparameters | None = Field(
         None, description="Generation settings for evaluation; None: greedy gconfig."
     )
-    workflow: WorkflowConfig = Field(default_factory=WorkflowConfig)
-    sglang: SGLangConfig = Field(default_factory=SGLangConfig)
-    weight_update: WeightUpdateConfig = Field(default_factory=WeightUpdateConfig)
-    launcher: LauncherConfig = Field(default_factory=LauncherConfig)
-    sft_warmstart: SFTConfig | None = Field(
-        None, description="Optional SFT run that produces the initial policy."
-    )
+    workflow: WorkflowConfig = Field(
+        default_factory=WorkflowConfig, description="The rollout workflow and its reward.")
+    sglang: SGLangConfig = Field(
+        default_factory=SGLangConfig, description="Inference server launch flags.")
+    weight_update: WeightUpdateConfig = Field(
+        default_factory=WeightUpdateConfig, description="How new weights reach the servers.")
+    launcher: LauncherConfig = Field(
+        default_factory=LauncherConfig, description="Which processes start, and where.")
 
     @model_validator(mode="after")
     def _check(self) -> GRPOConfig:

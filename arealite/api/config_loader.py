@@ -111,7 +111,7 @@ def load_config(
     data = apply_overrides(data, list(overrides or []))
     if cls is None:
         kind = data.get("kind", "grpo")
-        if kind not in CONFIG_CLASSES:
+        if not isinstance(kind, str) or kind not in CONFIG_CLASSES:
             raise ConfigError(f"unknown kind '{kind}'; valid: {', '.join(CONFIG_CLASSES)}")
         cls = CONFIG_CLASSES[kind]
     return build_config(cls, data)

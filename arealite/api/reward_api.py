@@ -18,6 +18,15 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+
+class RewardFailed(RuntimeError):
+    """A reward call raised, timed out or lost its worker. By default the episode is rejected
+    (not trained: a broken grader must not teach the policy that the answer was wrong) and its
+    prompt is drawn again; workflows that take ``reward_failure="zero"`` score it 0 instead."""
+
+
+REWARD_FAILURE_POLICIES = ("reject", "zero")
+
 REWARD_COUNTERS = ("calls", "ok", "inline", "timeouts", "errors", "worker_crashes", "workers_started")
 _stats = dict.fromkeys(REWARD_COUNTERS, 0)
 _stats_lock = threading.Lock()
@@ -31,7 +40,8 @@ def count_reward(name: str, n: int = 1) -> None:
 
 def reward_stats() -> dict[str, int]:
     """Counters since start (or the last reset): calls, ok, inline, timeouts, errors,
-    worker_crashes, workers_started. ``timeouts + errors + worker_crashes`` calls scored 0."""
+    worker_crashes, workers_started. ``timeouts + errors + worker_crashes`` calls failed (their
+    episodes rejected, or scored 0 under ``reward_failure="zero"``)."""
     with _stats_lock:
         return dict(_stats)
 

@@ -52,7 +52,7 @@ def _read_hf(config: DatasetConfig) -> list[dict[str, Any]]:
     except ImportError as e:
         raise ValueError(
             f"'{config.path}' is not a local .json/.jsonl/.csv file and `datasets` is not "
-            "installed to load it from a hub"
+            "installed to load it from a hub: pip install 'arealite[datasets]'"
         ) from e
     ds = datasets.load_dataset(config.path, config.name, split=config.split)
     return [dict(r) for r in ds]

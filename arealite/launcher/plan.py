@@ -141,6 +141,8 @@ def server_specs(
             cmd.append("--skip-tokenizer-init")
         if sg.enable_metrics:
             cmd.append("--enable-metrics")
+        if lc.server_backend == "embedded":  # the run's own folder: weight updates, checkpoints
+            cmd += ["--weight-load-root", str(config.run_dir())]
         cmd += list(sg.extra_args)
         env = {"OMP_NUM_THREADS": str(lc.server_threads), "PYTHONUNBUFFERED": "1"}
         if lc.gpus_per_server:

@@ -7,13 +7,20 @@ business; what it cannot know is kept here and saved by the trainer:
   its permutation depends on it);
 - ``replay``: rows taken from the loader before a checkpoint but not trained on by then (the
   async executor's in-flight rows). A restored cycle hands them out first.
+
+Rows whose episode failed come back through ``redraw`` and are handed out again before any new
+row, with the number of attempts made so far, so a prompt is either trained on, drawn again or
+(after its last attempt) dropped and counted: never silently lost.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 
 def _set_epoch(dataloader: Any, epoch: int) -> None:
@@ -29,11 +36,39 @@ class DataCycle:
         self.epoch = 0  # the epoch being read (restored by load_state_dict)
         self.epochs_started = 0  # epochs started with the current loader
         self._replay: deque[Any] = deque()
+        self.redrawn = self.dropped = 0  # failed rows handed out again / given up on
+        self._retry: deque[tuple[Any, int]] = deque()  # (row, attempts so far), appended by
+        # the executor's loop thread: deque append/popleft are atomic, no lock needed
 
     def _start_epoch(self, dataloader: Any) -> None:
         _set_epoch(dataloader, self.epoch)
         self._it = iter(dataloader)
         self.epochs_started += 1
+
+    def redraw(self, row: Any, attempts: int, limit: int) -> None:
+        """``row``'s episode failed after ``attempts`` earlier failures: hand it out again, or,
+        once ``limit`` re-draws were spent, drop it (counted and logged)."""
+        if attempts < limit:
+            self._retry.append((row, attempts + 1))
+            self.redrawn += 1
+        else:
+            self.dropped += 1
+            logger.error("dropping a prompt after %d failed episodes (rollout.episode_retries=%d)",
+                         attempts + 1, limit)
+
+    def next_rows_with_attempts(self, dataloader: Any) -> list[tuple[Any, int]]:
+        """``next_rows``, each row with the attempts already made: rows to draw again come
+        first, then rows to replay, then new rows (0 attempts)."""
+        n = getattr(dataloader, "batch_size", None) or 1
+        out: list[tuple[Any, int]] = []
+        while self._retry and len(out) < n:
+            try:
+                out.append(self._retry.popleft())
+            except IndexError:  # taken meanwhile: nothing else takes them, but be safe
+                break
+        if out:
+            return out
+        return [(row, 0) for row in self.next_rows(dataloader)]
 
     def next_rows(self, dataloader: Any) -> list[Any]:
         """The next item of ``dataloader`` as a list of rows (a lone dict counts as one row);
@@ -64,13 +99,14 @@ class DataCycle:
         return list(batch)
 
     def replay_rows(self) -> list[Any]:
-        """Rows restored for replay and not handed out yet."""
-        return list(self._replay)
+        """Rows waiting to be drawn again or restored for replay, not handed out yet."""
+        return [row for row, _ in list(self._retry)] + list(self._replay)
 
     def state_dict(self, inflight: Sequence[Any] = ()) -> dict[str, Any]:
         """What a resumed run needs besides the loader's own state; ``inflight`` are rows taken
-        from the loader and not trained on yet (rows still waiting for replay are added)."""
-        return {"epoch": self.epoch, "replay": [*inflight, *self._replay]}
+        from the loader and not trained on yet (rows waiting to be drawn again or replayed are
+        added)."""
+        return {"epoch": self.epoch, "replay": [*inflight, *self.replay_rows()]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore before the first ``next_rows`` (together with the loader's state)."""

@@ -23,7 +23,7 @@ Every blocking call is time-boxed (default ``config.request_timeout``) and raise
 counters in its message; trajectories collected by a call that times out go back to the queue.
 A wait also gives up early (``RolloutFailing``, with the last error) once max(16, 4·B) episodes
 in a row have failed, e.g. when no server answers. A workflow's exception is counted as
-``failed`` and logged with its traceback; the loop goes on.
+``failed`` and logged; a row ``prepare_batch`` drew is drawn again (``config.episode_retries``).
 """
 
 from __future__ import annotations
@@ -69,6 +69,7 @@ class _Pending:
     data: Any
     workflow: RolloutWorkflow
     group: int | None  # rollout_batch's own episodes; None for the shared queue
+    attempts: int = 0  # earlier failed episodes of this row (prepare_batch draws it again)
 
 
 @dataclass
@@ -98,6 +99,7 @@ class WorkflowExecutor:
         self._cond = threading.Condition()
         self._paused = False
         self._stale = 0
+        self.episode_retries = config.episode_retries
         self._fail_streak = 0  # episodes failed in a row (reset by any episode that finishes)
         self._last_failure = ""
         self._owns_loop = loop is None  # a lent loop is started and stopped by its owner
@@ -210,6 +212,8 @@ class WorkflowExecutor:
             logger.exception("workflow %s failed on one episode", type(item.workflow).__name__)
             with self._cond:
                 self._end_locked(key)
+                if item.group is None:  # a dataloader row: drawn again, or dropped and counted
+                    self._data.redraw(item.data, item.attempts, self.episode_retries)
             self._finish_group(item.group)
         else:
             self._fail_streak = 0
@@ -244,7 +248,7 @@ class WorkflowExecutor:
 
     def submit(
         self, data: Any, workflow: RolloutWorkflow, timeout: float | None = None,
-        _group: int | None = None,
+        _group: int | None = None, _attempts: int = 0,
     ) -> None:
         """Queue one episode; blocks while the input queue is full (up to ``timeout``)."""
         if not isinstance(workflow, RolloutWorkflow):
@@ -260,7 +264,7 @@ class WorkflowExecutor:
                         f"or raise queue_size. {self._describe()}"
                     )
                 self._cond.wait(min(left, 1.0))
-            self._input.append(_Pending(data, workflow, _group))
+            self._input.append(_Pending(data, workflow, _group, _attempts))
             self.gate.on_submit()
         self._wake_loop()
 
@@ -341,8 +345,8 @@ class WorkflowExecutor:
             target = max(self.gate.capacity(), 0) + self.gate.batch_size
             if pending >= target or pending + loader_bs > self.queue_size:
                 return
-            for row in self._data.next_rows(dataloader):
-                self.submit(row, workflow)
+            for row, attempts in self._data.next_rows_with_attempts(dataloader):
+                self.submit(row, workflow, _attempts=attempts)
 
     def _collect(
         self,
@@ -479,6 +483,7 @@ class WorkflowExecutor:
         return {
             "submitted": s.submitted, "running": s.running, "accepted": s.accepted,
             "rejected": s.rejected, "failed": s.failed, "stale": self._stale,
+            "redrawn": self._data.redrawn, "dropped": self._data.dropped,
             "pending": pending, "ready": ready, "capacity": self.gate.capacity(),
             "version": self.gate.version,
         }

@@ -26,6 +26,22 @@ def test_unknown_key_exits_2_without_traceback():
     assert "actor.no_such_key" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_wrongly_typed_overrides_exit_2_in_one_line():
+    from arealite.api.config_loader import ConfigError, load_config
+
+    for override in ("kind=[1]", "kind={a: 1}", "rollout=[1]", "actor.optimizer.lr=[1,2]",
+                     "workflow.kwargs=[1]", "total_train_steps={a: 1}"):
+        try:
+            load_config(ROOT / "configs/toy_grpo.yaml", [override])
+        except ConfigError as e:
+            assert "\n" not in str(e), override
+        else:
+            raise AssertionError(f"{override} was accepted")
+    r = run_cli("config", "configs/toy_grpo.yaml", "kind=[1]")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip().count("\n") == 0 and "unknown kind" in r.stderr
+
+
 def test_missing_file_exits_2():
     r = run_cli("config", "configs/nope.yaml")
     assert r.returncode == 2 and "not found" in r.stderr

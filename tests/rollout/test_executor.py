@@ -280,3 +280,40 @@ def test_wait_fails_fast_when_every_episode_fails(executors):
         ex.wait(1, timeout=30)
     assert time.monotonic() - t0 < 5
     settle(ex, lambda c: c["failed"] == 20)
+
+
+def test_a_failed_episode_is_drawn_again_and_none_is_lost(executors):
+    """A workflow that raises (a reward failed, a generation failed after all retries) costs an
+    attempt, not the prompt: prepare_batch draws the row again, until it trains; a row that
+    fails every time is dropped after ``episode_retries`` re-draws and counted."""
+    rows = [{"id": i} for i in range(8)]
+    loader = create_dataloader(rows, DatasetConfig(batch_size=2, shuffle=False, drop_last=True))
+    ex = executors(b=2, eta=0)
+    failed_once: set[int] = set()
+
+    def fail(d):  # every row fails its first episode; row 5 fails every time
+        first = d["id"] not in failed_once
+        failed_once.add(d["id"])
+        return first or d["id"] == 5
+
+    wf = EchoWorkflow(fail=fail)
+    got = []
+    for step in range(4):  # 8 rows - row 5 = 7 trained, and one row of the next epoch
+        got += [int(r) for r in ex.prepare_batch(loader, wf)["rewards"].tolist()]
+        ex.set_version(step + 1)
+    assert set(got) >= set(range(8)) - {5} and 5 not in got
+    c = settle(ex, lambda c: c["dropped"] == 1)
+    assert c["dropped"] == 1  # row 5: 1 + episode_retries (2) episodes, then given up
+    assert wf.seen.count(5) == 3
+    assert c["redrawn"] == 8 + 1  # each row once, row 5 a second time
+    assert c["failed"] == 7 + 3
+
+
+def test_data_state_keeps_rows_waiting_to_be_drawn_again():
+    from arealite.rollout.data_cycle import DataCycle
+
+    cycle = DataCycle()
+    cycle.redraw({"id": 3}, attempts=0, limit=2)
+    cycle.redraw({"id": 4}, attempts=2, limit=2)  # out of attempts: dropped, not kept
+    assert cycle.state_dict(inflight=[{"id": 9}])["replay"] == [{"id": 9}, {"id": 3}]
+    assert (cycle.redrawn, cycle.dropped) == (1, 1)

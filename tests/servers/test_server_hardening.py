@@ -82,3 +82,33 @@ def test_health_reports_a_stuck_engine(tiny_model_dir, tmp_path):
             time.sleep(0.2)
         ok = post(server, "/generate", {"input_ids": [3, 4], "sampling_params": {"max_new_tokens": 2}})
         assert ok.status_code == 200
+
+
+def test_disk_loads_only_from_allowed_folders(tiny_model_dir, tmp_path):
+    """/update_weights_from_disk reads only under the folder holding --model-path and each
+    --weight-load-root; ``..`` and symlinks that lead out are refused and the weights stay."""
+    import shutil
+
+    from tests.procs import embedded_server
+
+    model = tmp_path / "models" / "tiny"  # the server may read under tmp_path/models
+    allowed = tmp_path / "run"
+    outside = tmp_path / "elsewhere"
+    for d in (model, allowed / "ckpt", outside):
+        d.mkdir(parents=True)
+        for f in tiny_model_dir.iterdir():
+            shutil.copy(f, d / f.name)
+    (allowed / "link").symlink_to(outside, target_is_directory=True)
+    args = ["--weight-load-root", str(allowed), "--random-seed", "0"]
+    with embedded_server(str(model), args) as addr:
+        server = f"http://{addr}"
+        greedy = {"input_ids": [3, 4], "sampling_params": {"max_new_tokens": 6, "temperature": 0}}
+        before = post(server, "/generate", greedy).json()["output_ids"]
+        for bad in (outside, allowed / "link", allowed / ".." / "elsewhere", "/etc"):
+            r = post(server, "/update_weights_from_disk", {"model_path": str(bad)})
+            assert r.status_code == 400 and "outside the folders" in r.json()["message"], bad
+        assert post(server, "/generate", greedy).json()["output_ids"] == before
+        ok = post(server, "/update_weights_from_disk", {"model_path": str(allowed / "ckpt")})
+        assert ok.status_code == 200 and ok.json()["success"], ok.text
+        home = post(server, "/update_weights_from_disk", {"model_path": str(model)})
+        assert home.status_code == 200  # the folder holding the model is always allowed

@@ -6,6 +6,7 @@ import pytest
 
 from tests.workflows import wf_reward_helpers as H
 from workflows.reward_pool import (
+    RewardFailed,
     RewardPool,
     check_reward_fn,
     compute_reward,
@@ -34,10 +35,10 @@ def test_pool_runs_reward_with_row_kwargs(pool):
 
 
 @pytest.mark.integration  # worker processes
-def test_exception_gives_zero_and_is_counted(pool):
+def test_exception_fails_the_call_and_is_counted(pool):
     before = reward_stats()
-    assert pool.call(H.raising_reward, ("p", "c", [], []), {}, timeout=30) == 0.0
-    assert pool.call(H.nan_reward, ("p", "c", [], []), {}, timeout=30) == 0.0
+    assert pool.call(H.raising_reward, ("p", "c", [], []), {}, timeout=30) is None
+    assert pool.call(H.nan_reward, ("p", "c", [], []), {}, timeout=30) is None
     d = _delta(before, reward_stats())
     assert d["errors"] == 2 and d["calls"] == 2 and d["ok"] == 0
     # the worker survived an exception: the next call works
@@ -50,7 +51,7 @@ def test_timeout_kills_worker_and_pool_recovers(pool):
     before = reward_stats()
     t0 = time.monotonic()
     r = pool.call(H.sleeping_reward, ("p", "c", [], []), {"seconds": 60}, timeout=1.0)
-    assert r == 0.0 and time.monotonic() - t0 < 10
+    assert r is None and time.monotonic() - t0 < 10
     d = _delta(before, reward_stats())
     assert d["timeouts"] == 1
     assert pool.call(H.const_reward, ("p", "c", [], []), {"value": 1.0}, timeout=30) == 1.0
@@ -59,7 +60,7 @@ def test_timeout_kills_worker_and_pool_recovers(pool):
 @pytest.mark.integration  # worker processes
 def test_dead_worker_is_replaced(pool):
     before = reward_stats()
-    assert pool.call(H.dying_reward, ("p", "c", [], []), {}, timeout=30) == 0.0
+    assert pool.call(H.dying_reward, ("p", "c", [], []), {}, timeout=30) is None
     d = _delta(before, reward_stats())
     assert d["worker_crashes"] == 1
     assert pool.call(H.const_reward, ("p", "c", [], []), {"value": 1.0}, timeout=30) == 1.0
@@ -98,9 +99,14 @@ def test_inline_reward_runs_on_caller_and_counts_errors():
     reset_reward_stats()
     row = {"prompt": "collides", "answer": 1}  # a row key named like an argument is dropped
     assert asyncio.run(compute_reward(ok, "p", "abc", [1], [2], row, timeout=1)) == 3.0
-    assert asyncio.run(compute_reward(boom, "p", "abc", [1], [2], row, timeout=1)) == 0.0
+    with pytest.raises(RewardFailed, match="rejected"):  # by default a failed reward rejects
+        asyncio.run(compute_reward(boom, "p", "abc", [1], [2], row, timeout=1))
+    zero = compute_reward(boom, "p", "abc", [1], [2], row, timeout=1, on_failure="zero")
+    assert asyncio.run(zero) == 0.0
     s = reward_stats()
-    assert s["inline"] == 2 and s["errors"] == 1 and s["ok"] == 1
+    assert s["inline"] == 3 and s["errors"] == 2 and s["ok"] == 1
+    with pytest.raises(ValueError, match="reward_failure"):
+        asyncio.run(compute_reward(ok, "p", "abc", [1], [2], row, timeout=1, on_failure="skip"))
 
 
 def test_fork_start_method_refused():

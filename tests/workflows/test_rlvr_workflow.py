@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from arealite.api.config import GenerationHyperparameters
+from arealite.api.reward_api import RewardFailed
 from tests.workflows import wf_reward_helpers as H
 from tests.workflows.wf_checks import assert_trajectory, recompute_logprobs
 from tests.workflows.wf_local_engine import ScriptedEngine
@@ -54,11 +55,15 @@ def test_correct_answer_scores_one(tiny_model_dir, tiny_tokenizer):
 
 
 @pytest.mark.integration  # reward worker processes
-def test_raising_reward_gives_zero_and_is_counted(local_engine, tiny_tokenizer, reward_pool_session):
+def test_raising_reward_rejects_the_episode_and_is_counted(local_engine, tiny_tokenizer,
+                                                          reward_pool_session):
     before = reward_stats()
-    traj = asyncio.run(_wf(tiny_tokenizer, H.raising_reward, n=2, max_new=4).arun_episode(local_engine, dict(ROW)))
-    assert traj["rewards"].tolist() == [0.0, 0.0]
+    with pytest.raises(RewardFailed):  # nothing of the episode is trained
+        asyncio.run(_wf(tiny_tokenizer, H.raising_reward, n=2, max_new=4).arun_episode(local_engine, dict(ROW)))
     assert reward_stats()["errors"] - before["errors"] == 2
+    zero = _wf(tiny_tokenizer, H.raising_reward, n=2, max_new=4, reward_failure="zero")
+    traj = asyncio.run(zero.arun_episode(local_engine, dict(ROW)))
+    assert traj["rewards"].tolist() == [0.0, 0.0]  # the old behaviour, when asked for
 
 
 @pytest.mark.integration  # reward worker processes
@@ -66,7 +71,7 @@ def test_slow_reward_times_out_to_zero_and_is_counted(local_engine, tiny_tokeniz
     # warm the pool so that worker start-up is not part of the measured time
     asyncio.run(_wf(tiny_tokenizer, H.const_reward, n=2, max_new=2).arun_episode(local_engine, dict(ROW)))
     slow = functools.partial(H.sleeping_reward, seconds=60)
-    wf = _wf(tiny_tokenizer, slow, n=2, max_new=2, reward_timeout=1.0)
+    wf = _wf(tiny_tokenizer, slow, n=2, max_new=2, reward_timeout=1.0, reward_failure="zero")
     before = reward_stats()
     t0 = time.monotonic()
     traj = asyncio.run(wf.arun_episode(local_engine, dict(ROW)))

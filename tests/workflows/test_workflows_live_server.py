@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from arealite.api.config import GenerationHyperparameters, InferenceEngineConfig, WorkflowConfig
+from arealite.api.reward_api import RewardFailed
 from arealite.api.workflow_factory import build_workflow
 from tests.procs import embedded_server
 from tests.workflows import wf_reward_helpers as H
@@ -101,14 +102,13 @@ def test_multi_turn_against_server(engine, tiny_tokenizer):
             assert traj["rewards"][b].item() in (0.0, 0.5 ** (turns - 1))
 
 
-def test_failing_rewards_score_zero_and_are_counted(engine, tiny_tokenizer):
+def test_failing_rewards_reject_the_episode_or_score_zero_and_are_counted(engine, tiny_tokenizer):
     before = reward_stats()
-    wf = RLVRWorkflow(H.raising_reward, _g(max_new=3), tiny_tokenizer)
-    traj = _episode(engine, wf, ROWS[0])
-    assert traj["rewards"].tolist() == [0.0, 0.0]
+    with pytest.raises(RewardFailed):  # the default: nothing of this episode is trained
+        _episode(engine, RLVRWorkflow(H.raising_reward, _g(max_new=3), tiny_tokenizer), ROWS[0])
     _episode(engine, RLVRWorkflow(H.const_reward, _g(max_new=2), tiny_tokenizer), ROWS[0])  # warm
     slow = RLVRWorkflow(functools.partial(H.sleeping_reward, seconds=60), _g(max_new=3),
-                        tiny_tokenizer, reward_timeout=1.0)
+                        tiny_tokenizer, reward_timeout=1.0, reward_failure="zero")
     traj = _episode(engine, slow, ROWS[1])
     assert traj["rewards"].tolist() == [0.0, 0.0]
     after = reward_stats()

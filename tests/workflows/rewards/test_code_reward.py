@@ -66,7 +66,8 @@ def test_code_reward_in_the_pool_and_a_killed_worker_leaves_nothing(reward_pool_
     slow = functools.partial(code_reward, timeout_per_test=20.0)
     before = reward_stats()["timeouts"]
     loop = "```python\nwhile True:\n    pass\n```"
-    r = asyncio.run(compute_reward(slow, "p", loop, [], [], {"tests": TESTS[:1]}, timeout=1.0))
+    r = asyncio.run(compute_reward(slow, "p", loop, [], [], {"tests": TESTS[:1]}, timeout=1.0,
+                                   on_failure="zero"))
     assert r == 0.0 and reward_stats()["timeouts"] == before + 1
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
