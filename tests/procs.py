@@ -70,3 +70,15 @@ def embedded_server(
                 f"server did not become healthy in {time.monotonic() - t0:.0f}s:\n{log_tail(log)}"
             )
         yield f"{LOOPBACK}:{port}"
+
+
+@contextlib.contextmanager
+def cpu_hog(n: int = 1) -> Iterator[None]:
+    """``n`` busy processes beside a test, as when CI shares its 2 cores with other work."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+             for _ in range(n)]
+    try:
+        yield
+    finally:
+        for p in procs:
+            kill_group(p, grace=1.0)
