@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 
 from arealite.utils.network import LOOPBACK, find_free_port, wait_http_ok
+from benchmarks.grpo_runs import log_tail  # noqa: F401 - shared with the chaos benchmark
 
 
 def kill_group(proc: subprocess.Popen, grace: float = 5.0) -> None:
@@ -45,11 +46,6 @@ def spawn(cmd: list[str], env: dict | None = None) -> Iterator[tuple[subprocess.
     finally:
         kill_group(proc)
         log.close()
-
-
-def log_tail(path: str, n: int = 40) -> str:
-    with open(path, errors="replace") as f:
-        return "".join(f.readlines()[-n:])
 
 
 @contextlib.contextmanager

@@ -12,8 +12,7 @@ import pytest
 
 from arealite.dataset.toy_math import write_toy_math
 from arealite.trainer.sample_log import read_sample_ids
-from tests.procs import cpu_hog, log_tail, spawn
-from tests.trainer.grpo_runs import (
+from benchmarks.grpo_runs import (
     descendants,
     is_server,
     last_step,
@@ -24,6 +23,7 @@ from tests.trainer.grpo_runs import (
     wait_exit,
     wait_until,
 )
+from tests.procs import cpu_hog, log_tail, spawn
 
 STEPS = 16
 KILL_AFTER = 3
