@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 
 from arealite.utils.network import LOOPBACK, find_free_port, wait_http_ok
+from benchmarks.grpo_runs import log_tail  # noqa: F401 - shared with the chaos benchmark
 
 
 def kill_group(proc: subprocess.Popen, grace: float = 5.0) -> None:
@@ -47,11 +48,6 @@ def spawn(cmd: list[str], env: dict | None = None) -> Iterator[tuple[subprocess.
         log.close()
 
 
-def log_tail(path: str, n: int = 40) -> str:
-    with open(path, errors="replace") as f:
-        return "".join(f.readlines()[-n:])
-
-
 @contextlib.contextmanager
 def embedded_server(
     model_path: str, extra_args: list[str] | None = None, timeout: float = 120.0
@@ -70,3 +66,15 @@ def embedded_server(
                 f"server did not become healthy in {time.monotonic() - t0:.0f}s:\n{log_tail(log)}"
             )
         yield f"{LOOPBACK}:{port}"
+
+
+@contextlib.contextmanager
+def cpu_hog(n: int = 1) -> Iterator[None]:
+    """``n`` busy processes beside a test, as when CI shares its 2 cores with other work."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+             for _ in range(n)]
+    try:
+        yield
+    finally:
+        for p in procs:
+            kill_group(p, grace=1.0)

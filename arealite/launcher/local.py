@@ -159,12 +159,19 @@ class LocalLauncher:
                     if rc.mode == "auto" and ckpt is not None and restarts < rc.retries:
                         restarts += 1
                         self._fail(self.trainer, f"exited with code {code}", code)
-                        self.say(f"restarting the trainer from {ckpt} "
-                                 f"(restart {restarts}/{rc.retries}; servers kept)", err=True)
                         self.trainer.stop(self.lc.stop_grace)  # leftover workers, if any
                         assert trainer_spec is not None
+                        # only the live servers: a restarted trainer waits for every server
+                        # it is given, and a dead one would fail each restart in turn
+                        env = dict(trainer_spec.env)
+                        live = [s.spec.addr for s in self.servers
+                                if s.name not in dead_servers and s.spec.addr]
+                        if plan.ADDRS_ENV in env:
+                            env[plan.ADDRS_ENV] = ",".join(live)
+                        self.say(f"restarting the trainer from {ckpt} (restart {restarts}/"
+                                 f"{rc.retries}; servers kept: {len(live)} live)", err=True)
                         spec = ProcSpec(trainer_spec.name, _with_master_port(
-                            trainer_spec.cmd, find_free_port()), trainer_spec.env)
+                            trainer_spec.cmd, find_free_port()), env)
                         self._start_trainer(spec)
                         continue
                     return self._fail(self.trainer, f"exited with code {code}", code)

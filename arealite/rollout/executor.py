@@ -17,7 +17,8 @@ least 16):
 What ``wait`` returns: the trajectories the workflow returned, concatenated with
 ``concat_padded_tensors``, in completion order; nothing is added. Trajectories that started
 more than η versions before the current version are dropped at consumption (counted as
-``stale`` and ``rejected``), so none is trained on later than invariant 1 allows.
+``stale`` and ``rejected``; a ``prepare_batch`` row is drawn again), so none is trained on later
+than invariant 1 allows and no prompt is lost to it.
 
 Every blocking call is time-boxed (default ``config.request_timeout``) and raises with the
 counters in its message; trajectories collected by a call that times out go back to the queue.
@@ -44,24 +45,12 @@ from arealite.api.io_struct import RolloutStat, VersionClock
 from arealite.api.trajectory import TensorDict, check_trajectory, concat_padded_tensors
 from arealite.api.workflow_api import RolloutWorkflow
 from arealite.rollout.data_cycle import DataCycle
+from arealite.rollout.errors import RolloutFailing, RolloutQueueFull, RolloutTimeout
 from arealite.rollout.idle import IdleMeter
 from arealite.rollout.loop_thread import LoopThread
 from arealite.rollout.staleness import StalenessManager
 
 logger = logging.getLogger("arealite.rollout.executor")
-
-
-class RolloutQueueFull(RuntimeError):
-    pass
-
-
-class RolloutTimeout(TimeoutError):
-    pass
-
-
-class RolloutFailing(RuntimeError):
-    """Every recent episode failed (e.g. no server answers): raised by waits instead of
-    waiting out their whole timeout."""
 
 
 @dataclass
@@ -78,6 +67,7 @@ class _Result:
     start_version: int
     group: int | None
     data: Any = None  # the row it came from: in flight until trained (see inflight_data)
+    attempts: int = 0
 
 
 class WorkflowExecutor:
@@ -222,7 +212,8 @@ class WorkflowExecutor:
                 if traj is None:
                     g.on_reject()
                 else:
-                    self._results.append(_Result(traj, start_version, item.group, item.data))
+                    self._results.append(
+                        _Result(traj, start_version, item.group, item.data, item.attempts))
                     g.on_accept()
                 self._finish_group_locked(item.group)
                 self._cond.notify_all()
@@ -385,6 +376,9 @@ class WorkflowExecutor:
                     self._stale += 1
                     dropped += 1
                     logger.info("dropped a trajectory started at version %d (stale)", r.start_version)
+                    if r.group is None:  # its prompt is drawn again: stale costs time, not data
+                        with self._cond:
+                            self._data.redraw(r.data, r.attempts, self.episode_retries)
                 elif should_accept is not None and not should_accept(r.traj):
                     dropped += 1
                 else:

@@ -2,7 +2,8 @@
 ``CONFIG key=value ...`` like ``arealite.trainer.grpo``. ``FAKE_TRAINER_MODE``:
 ``ok`` (reach every server in AREAL_LLM_SERVER_ADDRS, write rank<R>.ok, exit 0),
 ``fail`` (print a message and exit 7), ``recover`` (without a recovery checkpoint: save one and
-exit 5; with one: exit 0), ``hang`` (start a grandchild in a session of its own, then sleep),
+exit 5; with one: exit 0; each run appends its pid and server addresses to trainer_runs.txt),
+``recover-after:N`` (the same, crashing N seconds in), ``hang`` (start a grandchild in a session of its own, then sleep),
 ``wait:N`` (sleep N seconds, exit 0).
 """
 
@@ -45,9 +46,11 @@ def main() -> int:
     if mode == "fail":
         say(f"boom: trainer rank {rank} cannot continue", sys.stderr)
         return 7
-    if mode == "recover":
+    if mode == "recover" or mode.startswith("recover-after:"):
         with open(out / "trainer_runs.txt", "a") as f:
-            f.write(f"{os.getpid()}\n")
+            f.write(f"{os.getpid()} {','.join(addrs)}\n")
+        if mode.startswith("recover-after:") and not should_recover(cfg):
+            time.sleep(float(mode.split(":")[1]))  # crash only after this long
         if should_recover(cfg):
             say("resumed from a recovery checkpoint")
             return 0

@@ -234,11 +234,31 @@ def test_auto_recovery_restarts_only_the_trainer(tmp_path):
     finally:
         run.kill()
     assert code == 0, run.text()
-    assert len((tmp_path / "trainer_runs.txt").read_text().split()) == 2
+    assert len((tmp_path / "trainer_runs.txt").read_text().splitlines()) == 2
     assert "restarting the trainer from" in run.err.read_text()
     assert "resumed from a recovery checkpoint" in run.out.read_text()
     server_log = (tmp_path / "lt" / "t" / "logs" / "server0.log").read_text()
     assert server_log.count("fake server pid=") == 1  # the server was kept
+    _assert_no_orphans(run, str(tmp_path))
+
+
+def test_a_restarted_trainer_gets_only_the_live_servers(tmp_path):
+    """server1 dies, then the trainer crashes: the restarted trainer must not be handed the
+    dead server (it waits for every server it is given, so each restart would fail)."""
+    cfg = _write_config(tmp_path, n_servers=2, max_server_failures=1)
+    run = Run(tmp_path, [str(cfg), "recover.mode=auto", "recover.retries=2"],
+              FAKE_SERVER_MODE="die:3", FAKE_SERVER_ONLY_SEED="2",
+              FAKE_TRAINER_MODE="recover-after:6")
+    try:
+        code = run.wait()
+    finally:
+        run.kill()
+    assert code == 0, run.text()
+    runs = [line.split() for line in (tmp_path / "trainer_runs.txt").read_text().splitlines()]
+    assert len(runs) == 2
+    first, second = runs[0][1].split(","), runs[1][1].split(",")
+    assert len(first) == 2 and len(second) == 1 and second[0] == first[0]
+    assert "servers kept: 1 live" in run.err.read_text()
     _assert_no_orphans(run, str(tmp_path))
 
 

@@ -5,6 +5,7 @@ in flight at the checkpoint are saved and resubmitted)."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 from collections import Counter
 from pathlib import Path
@@ -15,8 +16,7 @@ from arealite.api.config import DatasetConfig
 from arealite.dataset.loader import create_dataloader, load_rows
 from arealite.dataset.toy_math import write_toy_math
 from arealite.trainer.sample_log import read_sample_ids
-from tests.procs import log_tail, spawn
-from tests.trainer.grpo_runs import (
+from benchmarks.grpo_runs import (
     descendants,
     is_trainer_worker,
     last_step,
@@ -27,6 +27,7 @@ from tests.trainer.grpo_runs import (
     wait_exit,
     wait_until,
 )
+from tests.procs import cpu_hog, log_tail, spawn
 
 N_SAMPLES = 2  # gconfig.n_samples: each prompt's id appears this many times per step
 KILL_AFTER = 3  # SIGKILL the trainer once this step is in its metrics
@@ -86,7 +87,16 @@ def test_sync_recovery_trains_the_same_samples(tmp_path, tiny_model_dir):
 
 
 @pytest.mark.integration
-def test_async_recovery_loses_and_duplicates_nothing(tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("loaded", [False, True], ids=["quiet", "cpu-hog"])
+def test_async_recovery_loses_and_duplicates_nothing(tmp_path, tiny_model_dir, loaded):
+    """Also with a CPU hog beside it (as when CI shares its cores): an episode that finishes
+    late can then be dropped as stale, and one can fail; either way its prompt is drawn again,
+    so the checks below (nothing lost, nothing twice) hold as on a quiet machine."""
+    with cpu_hog(1) if loaded else contextlib.nullcontext():
+        _async_recovery(tmp_path, tiny_model_dir)
+
+
+def _async_recovery(tmp_path: Path, tiny_model_dir: Path) -> None:
     data = tmp_path / "data"
     write_toy_math(data, n_train=400, n_valid=4, seed=0)  # the run reads less than one epoch
     steps, eta, batch = 24, 1, 4
@@ -97,8 +107,7 @@ def test_async_recovery_loses_and_duplicates_nothing(tmp_path, tiny_model_dir):
     assert KILL_AFTER <= killed_after < steps - 2, "the kill came too late to test a resume"
     assert "restarting the trainer from" in log
     ids = check_steps(tmp_path, "async", steps)
-    assert max(r.get("rollout/stale", 0) + r.get("rollout/failed", 0)
-               for r in metrics(tmp_path, "async")) == 0
+    assert max(r.get("rollout/dropped", 0) for r in metrics(tmp_path, "async")) == 0
 
     # The order the loader hands rows out (seed as in the config); the executor reads at most
     # `window` rows ahead of the trainer (queues of (eta + 2)·B + M, and one loader batch).

@@ -11,8 +11,8 @@ import pytest
 import requests
 
 from arealite.dataset.toy_math import write_toy_math
+from benchmarks.grpo_runs import ROOT, wait_exit
 from tests.procs import embedded_server, log_tail, spawn
-from tests.trainer.grpo_runs import ROOT, wait_exit
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

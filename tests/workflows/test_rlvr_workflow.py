@@ -60,7 +60,8 @@ def test_raising_reward_rejects_the_episode_and_is_counted(local_engine, tiny_to
     before = reward_stats()
     with pytest.raises(RewardFailed):  # nothing of the episode is trained
         asyncio.run(_wf(tiny_tokenizer, H.raising_reward, n=2, max_new=4).arun_episode(local_engine, dict(ROW)))
-    assert reward_stats()["errors"] - before["errors"] == 2
+    # the first failure ends the episode; the other sample's call may still be finishing
+    assert reward_stats()["errors"] - before["errors"] >= 1
     zero = _wf(tiny_tokenizer, H.raising_reward, n=2, max_new=4, reward_failure="zero")
     traj = asyncio.run(zero.arun_episode(local_engine, dict(ROW)))
     assert traj["rewards"].tolist() == [0.0, 0.0]  # the old behaviour, when asked for

@@ -1,5 +1,5 @@
-"""Helpers for the GRPO end-to-end tests: launcher commands, the run's logs, and the processes
-under a launcher (to kill one of them on purpose)."""
+"""GRPO runs driven from outside, for the end-to-end tests and the chaos benchmark: launcher
+commands, the run's logs, and the processes under a launcher (to kill one of them on purpose)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,13 @@ from typing import Any
 
 import psutil
 
-from tests.procs import log_tail
-
-ROOT = Path(__file__).parents[2]
+ROOT = Path(__file__).parents[1]
 EXPERIMENT = "toy-grpo"  # experiment_name of configs/toy_grpo*.yaml
+
+
+def log_tail(path: str, n: int = 40) -> str:
+    with open(path, errors="replace") as f:
+        return "".join(f.readlines()[-n:])
 
 
 def launcher_cmd(config: str, fileroot: Path, trial: str, overrides: list[str]) -> list[str]:
