@@ -202,6 +202,14 @@ class InferenceEngineConfig(BaseConfig):
     pause_mode: Literal["abort", "retract", "in_place"] = Field(
         "abort", description="SGLang /pause_generation mode used around weight updates."
     )
+    api_key: str | None = Field(
+        None, description="Key sent as Authorization: Bearer on every call; None reads "
+        "AREALITE_API_KEY (keeps it out of YAML).",
+    )
+    admin_api_key: str | None = Field(
+        None, description="Key sent on weight, pause and version calls; None reads "
+        "AREALITE_ADMIN_API_KEY, else the api key is used.",
+    )
 
 
 class DatasetConfig(BaseConfig):

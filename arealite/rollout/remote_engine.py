@@ -79,6 +79,7 @@ from arealite.utils.http import (
     request_json,
     uncancel,
 )
+from arealite.utils.keys import HINT, ClientKeys
 from arealite.utils.network import parse_addrs
 
 logger = logging.getLogger("arealite.rollout.remote_engine")
@@ -112,9 +113,14 @@ class RemoteSGLangEngine(InferenceEngine):
         self.clock = clock or VersionClock()  # the one weight version of this trainer rank
         self.loop = LoopThread("rollout-executor")
         self.executor = WorkflowExecutor(config, self, self.loop, self.clock)
-        self.weight_sync = WeightSync(config.pause_mode, config.weight_update_timeout)
+        # Keys from the config or AREALITE_API_KEY / AREALITE_ADMIN_API_KEY; the api key's
+        # header is a default of every session (built once), the admin key's goes on admin calls.
+        self.keys = ClientKeys.from_config(config.api_key, config.admin_api_key)
+        self._admin_headers = self.keys.admin_headers
+        self.weight_sync = WeightSync(config.pause_mode, config.weight_update_timeout,
+                                      admin_headers=self._admin_headers)
         self.last_weight_update = None  # WeightUpdateReport of the last successful update
-        self._sessions = SessionCache()
+        self._sessions = SessionCache(self.keys.api_headers)
         self._updating = False  # between pause_generation and continue_generation
         self._last_disk: WeightUpdateMeta | None = None
         self._health_task: Any = None
@@ -186,6 +192,25 @@ class RemoteSGLangEngine(InferenceEngine):
                 f"servers not healthy after {timeout:.0f} s: "
                 + "; ".join(f"{a} ({r})" for a, r in reasons.items())
             )
+        await self._check_api_key(session, addrs, timeout)
+
+    async def _check_api_key(self, session: Any, addrs: list[str], timeout: float) -> None:
+        """Fail at start-up, not at the first rollout, when a server refuses our api key:
+        ``/model_info`` is open without ``--api-key`` and needs it with one (``/health`` is
+        always open, so it cannot tell)."""
+        async def one(a: str) -> str | None:
+            try:
+                res = await request_json(session, "GET", f"http://{a}/model_info",
+                                         timeout=min(10.0, timeout))
+            except TRANSPORT_ERRORS:
+                return None  # reachability is the health probe's business
+            return f"{a} (HTTP 401)" if res.status == 401 else None
+
+        refused = [r for r in await asyncio.gather(*(one(a) for a in addrs)) if r]
+        if refused:
+            what = "was refused" if self.keys.api_key else "is needed (none was given)"
+            raise PermissionError(f"the servers' api key {what}: {', '.join(refused)}; "
+                                  + HINT["api"])
 
     # ------------------------------------------------------------------ generation
 
@@ -313,6 +338,8 @@ class RemoteSGLangEngine(InferenceEngine):
         request's own fault raises ``GenerationError`` with the server's message instead."""
         msg = error_message(decode_body(raw, headers.get("Content-Type")))
         if status not in RETRYABLE_STATUS and status < 500:
+            if status == 401:
+                msg += f" ({HINT['api']})"
             raise GenerationError(f"request {rid} rejected by {addr} (HTTP {status}): {msg}", status)
         return f"HTTP {status}: {msg}"
 
@@ -341,6 +368,7 @@ class RemoteSGLangEngine(InferenceEngine):
         ok = await ready_for_readmission(
             self._sessions.get(), addr, current, self._last_disk,
             max(5.0, self.config.health_check_interval), self.config.weight_update_timeout,
+            self._admin_headers,
         )
         if ok and not self._updating and self.clock.value == current:
             self.pool.mark_healthy(addr)
@@ -395,7 +423,8 @@ class RemoteSGLangEngine(InferenceEngine):
         """``/get_weights_by_name`` on every healthy server: ``{addr: values}``."""
         async def go() -> dict[str, Any]:  # the session belongs to the engine's loop
             addrs = self.pool.healthy_addrs()
-            return await fetch_weights(self._sessions.get(), addrs, name, truncate_size, timeout)
+            return await fetch_weights(self._sessions.get(), addrs, name, truncate_size, timeout,
+                                       self._admin_headers)
 
         return self.loop.run(go()).result(timeout + 5)
 
