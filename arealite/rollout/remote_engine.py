@@ -69,6 +69,7 @@ from arealite.rollout.weight_sync import (
     WeightUpdateError,
     group_layout,
 )
+from arealite.rollout.weight_verify import WeightVerificationError, verify
 from arealite.utils.http import (
     RETRYABLE_STATUS,
     TRANSPORT_ERRORS,
@@ -125,6 +126,9 @@ class RemoteSGLangEngine(InferenceEngine):
         self._last_disk: WeightUpdateMeta | None = None
         self._health_task: Any = None
         self._segment_ids = itertools.count(1)  # next() is atomic: shared by threads
+        # Servers whose weights failed verification: the health probe never re-admits them
+        # (they report the current version); only a verified re-sync does.
+        self._quarantined: set[str] = set()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -364,6 +368,8 @@ class RemoteSGLangEngine(InferenceEngine):
                 await asyncio.gather(*(self._probe(a) for a in bad), return_exceptions=True)
 
     async def _probe(self, addr: str) -> None:
+        if addr in self._quarantined:
+            return
         current = self.clock.value  # an update finishing meanwhile makes this probe stale
         ok = await ready_for_readmission(
             self._sessions.get(), addr, current, self._last_disk,
@@ -405,8 +411,70 @@ class RemoteSGLangEngine(InferenceEngine):
             logger.error("weight update v%d: servers taken out: %s", meta.version, report.failed)
         if meta.type == WeightUpdateType.DISK:
             self._last_disk = meta
+        if meta.verify:
+            await self._verify_update(report, meta)
         self.last_weight_update = report
         self.set_version(meta.version)
+
+    async def _check(self, addrs: list[str], meta: WeightUpdateMeta) -> dict[str, str]:
+        return await verify(self._sessions.get(), addrs, meta,
+                            min(self.config.weight_update_timeout, meta.timeout),
+                            self._admin_headers)
+
+    async def _verify_update(self, report: Any, meta: WeightUpdateMeta) -> None:
+        """Each updated server's checksums against the trainer's. A mismatch takes the server
+        out (and keeps it out), then re-syncs it: from disk here, by broadcast through the
+        trainer (``report.resync``, see ``resync_weights``). A second mismatch raises
+        ``WeightVerificationError``: the run stops."""
+        t0 = time.monotonic()
+        bad = await self._check(report.updated, meta)
+        for a, why in bad.items():
+            self._quarantined.add(a)
+            self.pool.mark_unhealthy(a, f"weights differ from the trainer's after v{meta.version}")
+            logger.error("WEIGHT MISMATCH: server %s does not hold the trainer's weights v%d "
+                         "(%s); taken out of the pool and re-synced", a, meta.version, why)
+        if bad and meta.type == WeightUpdateType.DISK:
+            await self._resync_from_disk(list(bad), meta)
+        elif bad:
+            report.resync = list(bad)
+        report.verify_seconds = time.monotonic() - t0
+
+    async def _resync_from_disk(self, addrs: list[str], meta: WeightUpdateMeta) -> None:
+        # a second update to just these servers (out of the pool, so nothing is generating)
+        payload = {"model_path": meta.path, "weight_version": str(meta.version),
+                   "flush_cache": True, "abort_all_requests": True}
+        failed: dict[str, str] = {}
+        await self.weight_sync.fan_out(self._sessions.get(), addrs, "/update_weights_from_disk",
+                                       payload, failed, min(self.config.weight_update_timeout,
+                                                            meta.timeout))
+        self._admit_verified(addrs, meta, {**failed, **await self._check(
+            [a for a in addrs if a not in failed], meta)})
+
+    def _admit_verified(self, addrs: list[str], meta: WeightUpdateMeta, bad: dict[str, str]) -> None:
+        if bad:
+            raise WeightVerificationError(
+                f"weights v{meta.version} still differ from the trainer's after a re-sync: "
+                + "; ".join(f"{a}: {r}" for a, r in bad.items())
+                + " (a server that corrupts or drops updates; the run stops)")
+        for a in addrs:
+            self._quarantined.discard(a)
+            self.pool.mark_healthy(a)
+            logger.warning("server %s re-synced to v%d and verified; back in the pool",
+                           a, meta.version)
+
+    def resync_weights(self, meta: WeightUpdateMeta, addrs: list[str]) -> Future:
+        """A second broadcast update to just ``addrs`` (``report.resync`` of the update to
+        ``meta.version``; the trainer uploads ``meta`` again at the same time, as for any
+        update), then verification: they rejoin the pool, or ``WeightVerificationError``."""
+        async def go() -> None:
+            report = await self.weight_sync.run(self._sessions.get(), list(addrs), meta)
+            missing = [a for a in addrs if a not in report.updated]
+            bad = {a: report.failed.get(a, "not updated") for a in missing}
+            if meta.verify and not bad:
+                bad = await self._check(list(addrs), meta)
+            self._admit_verified(list(addrs), meta, bad)
+
+        return self.loop.run(go())
 
     def weight_group_layout(self, timeout: float = 30.0) -> GroupLayout:
         """World size, rank offsets and backend a new weight-update group over the healthy

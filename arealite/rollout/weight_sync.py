@@ -45,6 +45,10 @@ class WeightUpdateReport:
     updated: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)  # addr -> reason
     seconds: float = 0.0
+    verify_seconds: float = 0.0  # of which checking the servers' checksums (and disk re-syncs)
+    # servers whose checksums differed after a broadcast: out of the pool until the trainer
+    # re-sends to them (RemoteSGLangEngine.resync_weights)
+    resync: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -39,8 +39,9 @@ def save_hf(
     model: nn.Module,
     path: str | os.PathLike,
     tokenizer: Any | None = None,
-) -> None:
-    """Write an HF directory at ``path`` in the training dtype (collective; rank 0 writes)."""
+) -> dict[str, torch.Tensor] | None:
+    """Write an HF directory at ``path`` in the training dtype (collective; rank 0 writes).
+    Returns the full state dict written on rank 0 (None elsewhere), e.g. to checksum it."""
     sd = full_state_dict(model, cpu_offload=True)
     if _rank() == 0:
         out = Path(path)
@@ -54,6 +55,7 @@ def save_hf(
         if tokenizer is not None:
             tokenizer.save_pretrained(str(out))
     _barrier()
+    return sd if _rank() == 0 else None
 
 
 def auto_model_class(model_kind: str = "causal_lm"):
