@@ -48,7 +48,8 @@ def save_hf(
         out.mkdir(parents=True, exist_ok=True)
         # save_pretrained with an explicit state dict: the FSDP-wrapped module's own tensors
         # are shards, the gathered dict is the real model.
-        model.save_pretrained(str(out), state_dict=sd, safe_serialization=True)
+        # (a shallow copy: transformers empties the dict it is given, the caller gets ``sd``)
+        model.save_pretrained(str(out), state_dict=dict(sd), safe_serialization=True)
         gen = getattr(model, "generation_config", None)
         if gen is not None:
             gen.save_pretrained(str(out))
