@@ -68,7 +68,8 @@ def build_model(out: Path, hidden: int, layers: int, inter: int) -> Path:
 # ----------------------------------------------------------------------------- receiver
 
 
-def receiver(init: str, group: str, specs_path: str, rounds: int) -> None:
+def receiver(init: str, group: str, specs_path: str, rounds: int,
+             upload_rounds: int | None = None) -> None:
     from arealite.utils.distributed import destroy_custom_process_group, init_custom_process_group
     from servers.weights import BucketBuffer, receive_broadcast
 
@@ -77,7 +78,7 @@ def receiver(init: str, group: str, specs_path: str, rounds: int) -> None:
                                    timeout=300)
     ack = torch.zeros(1, dtype=torch.uint8)
     buf = BucketBuffer()
-    for _ in range(rounds):
+    for _ in range(upload_rounds or rounds):  # plain and verified uploads, interleaved
         for b in buckets:  # receive and unpack exactly as a server does
             names, dtypes, shapes = zip(*b)
             receive_broadcast(pg, list(names), list(dtypes), [list(s) for s in shapes],
@@ -131,7 +132,8 @@ def measure(model_dir: Path, rounds: int, bucket_mb: float, work: Path) -> dict[
     group = f"bench_{model_dir.name}"
     peer = subprocess.Popen(
         [sys.executable, "-m", "benchmarks.weight_sync", "--peer", f"tcp://127.0.0.1:{port}",
-         "--group", group, "--specs", str(spec_file), "--rounds", str(2 * rounds + 1)],
+         "--group", group, "--specs", str(spec_file), "--rounds", str(rounds + 1),
+         "--upload-rounds", str(2 * rounds + 1)],
         env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True,
     )
     try:
@@ -236,9 +238,10 @@ def main() -> None:
     ap.add_argument("--peer", help=argparse.SUPPRESS)
     ap.add_argument("--group", help=argparse.SUPPRESS)
     ap.add_argument("--specs", help=argparse.SUPPRESS)
+    ap.add_argument("--upload-rounds", type=int, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.peer:
-        receiver(a.peer, a.group, a.specs, a.rounds)
+        receiver(a.peer, a.group, a.specs, a.rounds, a.upload_rounds)
         return
     rounds = a.rounds or (3 if a.quick else 5)
     sizes = QUICK_SIZES if a.quick else SIZES
