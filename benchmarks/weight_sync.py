@@ -12,7 +12,11 @@ server does and unpacks each ``flattened_bucket`` into tensors. Measured side by
           receiver, running the server's ``receive_broadcast`` with its reused buffer,
           acknowledges it has unpacked every bucket;
 - disk:   ``engine.upload_weights(meta)`` of type disk (HF safetensors + marker), plus the
-          reader's ``safetensors`` load of the directory.
+          reader's ``safetensors`` load of the directory;
+- verify: the cost of ``weight_update.verify``: bcast with ``meta.verify`` (the trainer hashes
+          each bucket while it is on the wire; rounds interleaved with plain ones) minus bcast,
+          plus the server's ``/weights_checker`` work (SHA-256 of every parameter, timed here
+          on the same tensors).
 
 The fixed overhead and per-byte cost of the broadcast come from a straight line through the two
 sizes. Also prints the packing efficiency of micro-batches built from the toy task's batches.
@@ -38,6 +42,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from arealite.utils.weight_checksum import tensor_checksum
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 SIZES = {  # name: (hidden, layers, intermediate)
@@ -62,7 +68,8 @@ def build_model(out: Path, hidden: int, layers: int, inter: int) -> Path:
 # ----------------------------------------------------------------------------- receiver
 
 
-def receiver(init: str, group: str, specs_path: str, rounds: int) -> None:
+def receiver(init: str, group: str, specs_path: str, rounds: int,
+             upload_rounds: int | None = None) -> None:
     from arealite.utils.distributed import destroy_custom_process_group, init_custom_process_group
     from servers.weights import BucketBuffer, receive_broadcast
 
@@ -71,7 +78,7 @@ def receiver(init: str, group: str, specs_path: str, rounds: int) -> None:
                                    timeout=300)
     ack = torch.zeros(1, dtype=torch.uint8)
     buf = BucketBuffer()
-    for _ in range(rounds):
+    for _ in range(upload_rounds or rounds):  # plain and verified uploads, interleaved
         for b in buckets:  # receive and unpack exactly as a server does
             names, dtypes, shapes = zip(*b)
             receive_broadcast(pg, list(names), list(dtypes), [list(s) for s in shapes],
@@ -125,21 +132,22 @@ def measure(model_dir: Path, rounds: int, bucket_mb: float, work: Path) -> dict[
     group = f"bench_{model_dir.name}"
     peer = subprocess.Popen(
         [sys.executable, "-m", "benchmarks.weight_sync", "--peer", f"tcp://127.0.0.1:{port}",
-         "--group", group, "--specs", str(spec_file), "--rounds", str(rounds + 1)],
+         "--group", group, "--specs", str(spec_file), "--rounds", str(rounds + 1),
+         "--upload-rounds", str(2 * rounds + 1)],
         env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True,
     )
     try:
         ack = torch.zeros(1, dtype=torch.uint8)
-        bcast = []
-        for r in range(rounds + 1):  # round 0 builds the group and warms up
+        bcast, bcast_v = [], []
+        for r in range(2 * rounds + 1):  # round 0 builds the group and warms up
             meta = WeightUpdateMeta(type="distributed", version=r + 1, master_port=port,
-                                    group_name=group, timeout=300)
+                                    group_name=group, timeout=300, verify=r % 2 == 0)
             meta.param_specs, meta.world_size = specs, 2
             t0 = time.perf_counter()
             eng.upload_weights(meta)
             dist.broadcast(ack, src=1, group=eng._uploader.pg)
             if r:
-                bcast.append(time.perf_counter() - t0)
+                (bcast_v if meta.verify else bcast).append(time.perf_counter() - t0)
         # bare, bucketed: one preallocated buffer per bucket, one broadcast each; the receiver
         # allocates every bucket anew
         bufs = [torch.empty(sum(s.nbytes for s in b), dtype=torch.uint8).random_() for b in specs]
@@ -171,6 +179,12 @@ def measure(model_dir: Path, rounds: int, bucket_mb: float, work: Path) -> dict[
         disk_w.append(t1 - t0)
         disk_r.append(time.perf_counter() - t1)
         del sd
+    server_sums = []  # the server's /weights_checker work on the same tensors
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _, p in eng.model.named_parameters():
+            tensor_checksum(p.detach().full_tensor() if hasattr(p, "full_tensor") else p)
+        server_sums.append(time.perf_counter() - t0)
     eng.destroy()
     copies = copy_seconds(nbytes, rounds)
     return {
@@ -178,6 +192,7 @@ def measure(model_dir: Path, rounds: int, bucket_mb: float, work: Path) -> dict[
         "bcast": min(bcast), "bcast_med": statistics.median(bcast), "raw": min(raw[1:]),
         "raw_b": min(raw_b[1:]),
         "disk_write": min(disk_w), "disk_read": min(disk_r),
+        "bcast_v": min(bcast_v), "server_sums": min(server_sums),
     }
 
 
@@ -223,9 +238,10 @@ def main() -> None:
     ap.add_argument("--peer", help=argparse.SUPPRESS)
     ap.add_argument("--group", help=argparse.SUPPRESS)
     ap.add_argument("--specs", help=argparse.SUPPRESS)
+    ap.add_argument("--upload-rounds", type=int, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.peer:
-        receiver(a.peer, a.group, a.specs, a.rounds)
+        receiver(a.peer, a.group, a.specs, a.rounds, a.upload_rounds)
         return
     rounds = a.rounds or (3 if a.quick else 5)
     sizes = QUICK_SIZES if a.quick else SIZES
@@ -273,6 +289,14 @@ def main() -> None:
           " device-copy bound, so bare/copy drops from gloo's loopback TCP cost to ~1-2x and the"
           " upload/copy target becomes reachable; here gloo over loopback alone is several x the"
           " copy on 2 shared cores.")
+    print(f"\n{'model':>6} {'upload ms':>10} {'+verify ms':>11} {'server sums ms':>15} "
+          f"{'verify cost':>12}")
+    for name, r in res.items():
+        extra = max(r["bcast_v"] - r["bcast"], 0.0) + r["server_sums"]
+        print(f"{name:>6} {r['bcast'] * 1e3:>10.1f} {r['bcast_v'] * 1e3:>11.1f} "
+              f"{r['server_sums'] * 1e3:>15.1f} {extra / r['bcast']:>11.0%}")
+    print("verify cost: (upload with meta.verify - upload) + the server's checksum pass, over the"
+          " upload; the client's comparison of two dicts is negligible.")
     packing_figures(a.quick)
 
 

@@ -4,12 +4,14 @@
 - Admin endpoints (weights, pause, cache): with an admin key only the admin key opens them; with
   just an api key that key does; with neither they are open.
 - Everything else needs the api key when one is set.
-Failures answer ``401 {"error": "Unauthorized"}``.
+Failures answer ``401 {"error": "Unauthorized"}``. The gateway applies the same rules with its
+own admin routes (worker-list changes) through ``is_admin``.
 """
 
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 
 from fastapi.responses import JSONResponse
 
@@ -18,8 +20,13 @@ ADMIN_PATHS = frozenset({
     "/update_weights_from_disk", "/init_weights_update_group", "/destroy_weights_update_group",
     "/update_weights_from_distributed", "/update_weights_from_tensor", "/begin_weight_update",
     "/end_weight_update", "/update_weight_version", "/get_weights_by_name",
-    "/release_memory_occupation", "/resume_memory_occupation",
+    "/release_memory_occupation", "/resume_memory_occupation", "/weights_checker",
 })
+
+
+def is_admin_path(method: str, path: str) -> bool:
+    """The server's admin endpoints (SGLang's ``ADMIN_OPTIONAL``)."""
+    return path in ADMIN_PATHS
 
 OPEN_PREFIXES = ("/health", "/ready", "/metrics")
 
@@ -34,11 +41,12 @@ def _bearer_ok(header: str | None, expected: str) -> bool:
 
 
 def allowed(method: str, path: str, header: str | None, api_key: str | None,
-            admin_api_key: str | None) -> bool:
+            admin_api_key: str | None,
+            is_admin: Callable[[str, str], bool] = is_admin_path) -> bool:
     """Pure decision function (unit-tested)."""
     if method == "OPTIONS" or path.startswith(OPEN_PREFIXES):
         return True
-    if path in ADMIN_PATHS:
+    if is_admin(method, path):
         if admin_api_key:
             return _bearer_ok(header, admin_api_key)
         if api_key:
@@ -52,10 +60,12 @@ def allowed(method: str, path: str, header: str | None, api_key: str | None,
 class ApiKeyMiddleware:
     """Plain ASGI middleware (keeps client-disconnect events intact for streaming)."""
 
-    def __init__(self, app, api_key: str | None, admin_api_key: str | None) -> None:
+    def __init__(self, app, api_key: str | None, admin_api_key: str | None,
+                 is_admin: Callable[[str, str], bool] = is_admin_path) -> None:
         self.app = app
         self.api_key = api_key
         self.admin_api_key = admin_api_key
+        self.is_admin = is_admin
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or (not self.api_key and not self.admin_api_key):
@@ -67,7 +77,7 @@ class ApiKeyMiddleware:
                 header = v.decode("latin-1")
                 break
         if allowed(scope.get("method", "GET"), scope.get("path", ""), header,
-                   self.api_key, self.admin_api_key):
+                   self.api_key, self.admin_api_key, self.is_admin):
             await self.app(scope, receive, send)
             return
         await JSONResponse({"error": "Unauthorized"}, status_code=401)(scope, receive, send)

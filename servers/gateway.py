@@ -10,6 +10,11 @@
   ``/workers/{url}``) servers; the legacy ``/add_worker?url=``, ``/remove_worker?url=`` and
   ``/list_workers`` of sglang-router also work.
 - ``/health`` reports ``{"healthy": h, "total": n}`` (503 when none is healthy).
+- Keys (``--api-key`` / ``--admin-api-key``, or ``AREALITE_API_KEY`` / ``AREALITE_ADMIN_API_KEY``)
+  guard the gateway's own routes with the servers' rules (``servers.auth``): admin endpoints and
+  worker-list changes (``POST /workers``, ``DELETE /workers/...``, ``/add_worker``,
+  ``/remove_worker``) need the admin key, everything else but ``/health*`` the api key. The
+  caller's ``Authorization`` is forwarded to the servers, which check it again.
 One ``curl`` moves a whole pool to new weights (docs/servers.md)::
 
     curl -X POST localhost:8000/update_weights_from_disk -d '{"model_path": "/ckpt/v3", "weight_version": "3"}'
@@ -23,6 +28,7 @@ import contextlib
 import itertools
 import json
 import logging
+import os
 import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -32,12 +38,23 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from servers import openapi_schema
+from servers.auth import ADMIN_PATHS, ApiKeyMiddleware
+from servers.server_args import ADMIN_API_KEY_ENV, API_KEY_ENV
 
 logger = logging.getLogger(__name__)
 
 _HOST = re.compile(r"[A-Za-z0-9.\-]{1,253}|\[[0-9A-Fa-f:.]+\]|[0-9A-Fa-f:.]+")
 FANOUT = ("/pause_generation", "/continue_generation", "/update_weights_from_disk",
-          "/update_weight_version", "/flush_cache", "/abort_request")
+          "/update_weight_version", "/flush_cache", "/abort_request", "/weights_checker")
+WORKER_ADMIN_PATHS = frozenset({"/add_worker", "/remove_worker"})
+
+
+def is_gateway_admin(method: str, path: str) -> bool:
+    """Admin routes of the gateway: the servers' admin endpoints it fans out, plus every change
+    to the worker list (listing it needs only the api key)."""
+    if path in ADMIN_PATHS or path in WORKER_ADMIN_PATHS:
+        return True
+    return method != "GET" and (path == "/workers" or path.startswith("/workers/"))
 
 
 def normalize_url(url: str) -> str:
@@ -72,7 +89,10 @@ class Worker:
 
 class Gateway:
     def __init__(self, urls: list[str], health_interval: float = 5.0, failure_threshold: int = 3,
-                 request_timeout: float = 3600.0) -> None:
+                 request_timeout: float = 3600.0, api_key: str | None = None,
+                 admin_api_key: str | None = None) -> None:
+        self.api_key = api_key or None
+        self.admin_api_key = admin_api_key or None
         self.workers: dict[str, Worker] = {}
         for u in urls:
             self.add(u)
@@ -221,10 +241,10 @@ def create_app(gw: Gateway) -> FastAPI:
         methods = ["GET", "POST"] if path == "/flush_cache" else ["POST"]
         app.add_api_route(path, fan_out_route(path), methods=methods, name=path.strip("/"))
 
-    async def proxy_first(path: str) -> Response:
+    async def proxy_first(path: str, request: Request) -> Response:
         for w in gw.pick_order():
             try:
-                async with gw.session.get(f"{w.url}{path}") as r:
+                async with gw.session.get(f"{w.url}{path}", headers=_fwd_headers(request)) as r:
                     return Response(await r.read(), status_code=r.status,
                                     media_type=r.headers.get("Content-Type"))
             except aiohttp.ClientError:
@@ -232,8 +252,8 @@ def create_app(gw: Gateway) -> FastAPI:
         return JSONResponse({"error": {"message": "no healthy server in the pool"}}, status_code=503)
 
     def info_route(path: str):
-        async def info() -> Response:
-            return await proxy_first(path)
+        async def info(request: Request) -> Response:
+            return await proxy_first(path, request)
         return info
 
     for path in ("/model_info", "/get_model_info", "/server_info", "/get_server_info"):
@@ -294,6 +314,9 @@ def create_app(gw: Gateway) -> FastAPI:
         return {"urls": [w.url for w in gw.workers.values()]}
 
     openapi_schema.install(app, None)  # token ids unbounded: the gateway knows no model
+    if gw.api_key or gw.admin_api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=gw.api_key, admin_api_key=gw.admin_api_key,
+                           is_admin=is_gateway_admin)
     return app
 
 
@@ -308,10 +331,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--health-check-interval", type=float, default=5.0)
     p.add_argument("--health-failure-threshold", type=int, default=3)
     p.add_argument("--log-level", default="info")
+    p.add_argument("--api-key", default=None, help=f"default: ${API_KEY_ENV}")
+    p.add_argument("--admin-api-key", default=None, help=f"default: ${ADMIN_API_KEY_ENV}")
     args = p.parse_args(argv)
     urls = [u for u in args.servers.split(",") if u.strip()]
     gw = Gateway(urls, health_interval=args.health_check_interval,
-                 failure_threshold=args.health_failure_threshold)
+                 failure_threshold=args.health_failure_threshold,
+                 api_key=args.api_key or os.environ.get(API_KEY_ENV),
+                 admin_api_key=args.admin_api_key or os.environ.get(ADMIN_API_KEY_ENV))
     logging.basicConfig(level=getattr(logging, args.log_level.upper()))
     uvicorn.run(create_app(gw), host=args.host, port=args.port, log_level=args.log_level)
     return 0

@@ -18,7 +18,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from servers import control_routes, generate_route, memory_occupation, openapi_schema
+from servers import (
+    control_routes,
+    generate_route,
+    memory_occupation,
+    openapi_schema,
+    weights_checker,
+)
 from servers.auth import ApiKeyMiddleware
 from servers.metrics import render_metrics
 from servers.request import SamplingParams
@@ -52,6 +58,7 @@ def create_app(state: ServerState) -> FastAPI:
     app.include_router(generate_route.router)
     app.include_router(control_routes.router)
     app.include_router(memory_occupation.router)
+    app.include_router(weights_checker.router)
     openapi_schema.install(app, state.runner.vocab_size)
 
     @app.exception_handler(RequestValidationError)

@@ -9,6 +9,9 @@ import os
 import sys
 from dataclasses import dataclass
 
+API_KEY_ENV = "AREALITE_API_KEY"  # read when --api-key is not given
+ADMIN_API_KEY_ENV = "AREALITE_ADMIN_API_KEY"  # read when --admin-api-key is not given
+
 
 @dataclass
 class ServerArgs:
@@ -78,8 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-running-requests", type=int, default=None)
     p.add_argument("--max-prefill-tokens", type=int, default=16384,
                    help="padded prompt tokens admitted into one prefill forward")
-    p.add_argument("--api-key", default=None)
-    p.add_argument("--admin-api-key", default=None)
+    p.add_argument("--api-key", default=None, help=f"default: ${API_KEY_ENV}")
+    p.add_argument("--admin-api-key", default=None, help=f"default: ${ADMIN_API_KEY_ENV}")
     p.add_argument("--enable-metrics", action="store_true")
     p.add_argument("--log-level", default="info",
                    choices=["debug", "info", "warning", "error", "critical"])
@@ -135,6 +138,10 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
         parser.error("--num-threads must be >= 1")
     if not 1 <= ns.port <= 65535:
         parser.error("--port must be in [1, 65535]")
+    # Keys may come from the environment (kept out of argv, where ps and /server_info's
+    # launch_command would show them); a flag wins.
+    ns.api_key = ns.api_key or os.environ.get(API_KEY_ENV) or None
+    ns.admin_api_key = ns.admin_api_key or os.environ.get(ADMIN_API_KEY_ENV) or None
     if not (ns.insecure or ns.api_key or ns.admin_api_key or is_loopback(ns.host)):
         parser.error(f"--host {ns.host} is reachable from other machines: set --api-key (and "
                      "--admin-api-key), or pass --insecure to serve without one")
@@ -143,5 +150,9 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
         if v is not None and v < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
     args = ServerArgs(**{k: v for k, v in vars(ns).items() if not k.endswith("_ignored")})
-    args.launch_command = " ".join([sys.executable, "-m", "servers.launch_server", *(argv or sys.argv[1:])])
+    shown = list(argv or sys.argv[1:])
+    for i, a in enumerate(shown[:-1]):
+        if a in ("--api-key", "--admin-api-key"):
+            shown[i + 1] = "<redacted>"
+    args.launch_command = " ".join([sys.executable, "-m", "servers.launch_server", *shown])
     return args

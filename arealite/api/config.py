@@ -208,6 +208,14 @@ class InferenceEngineConfig(BaseConfig):
     pause_mode: Literal["abort", "retract", "in_place"] = Field(
         "abort", description="SGLang /pause_generation mode used around weight updates."
     )
+    api_key: str | None = Field(
+        None, description="Key sent as Authorization: Bearer on every call; None reads "
+        "AREALITE_API_KEY (keeps it out of YAML).",
+    )
+    admin_api_key: str | None = Field(
+        None, description="Key sent on weight, pause and version calls; None reads "
+        "AREALITE_ADMIN_API_KEY, else the api key is used.",
+    )
 
 
 class DatasetConfig(BaseConfig):
@@ -266,7 +274,14 @@ class WeightUpdateConfig(BaseConfig):
     master_port: int | None = Field(None, ge=1, le=65535, description="None picks a free port.")
     group_name: str = Field("weight_update_group", description="Broadcast group name.")
     timeout: float = Field(600.0, gt=0, description="Seconds before an update is abandoned.")
-    verify: bool = Field(False, description="Compare a few params via /get_weights_by_name.")
+    verify: bool = Field(
+        True, description="After each update, compare every server's /weights_checker checksums "
+        "with the trainer's; a mismatch re-syncs that server, a second one stops the run.",
+    )
+    checksum_dtype: Literal["bfloat16", "float16", "float32"] | None = Field(
+        None, description="dtype the servers hold weights in, when it differs from the trainer's "
+        "(tensors are hashed in it); None: as sent.",
+    )
 
 
 class LauncherConfig(BaseConfig):

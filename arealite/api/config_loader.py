@@ -117,5 +117,19 @@ def load_config(
     return build_config(cls, data)
 
 
+# Config fields holding an API key: printed as "***" (a real key never reaches a log).
+SECRET_FIELDS = ("api_key", "admin_api_key")
+
+
+def redact(data: Any) -> Any:
+    """A copy of a config dump with every key field that is set masked as ``***``."""
+    if isinstance(data, dict):
+        return {k: ("***" if k in SECRET_FIELDS and v else redact(v)) for k, v in data.items()}
+    if isinstance(data, list):
+        return [redact(v) for v in data]
+    return data
+
+
 def to_yaml(config: BaseModel) -> str:
-    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+    """The config as YAML, keys masked (``redact``)."""
+    return yaml.safe_dump(redact(config.model_dump(mode="json")), sort_keys=False)

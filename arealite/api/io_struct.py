@@ -162,6 +162,13 @@ class WeightUpdateMeta:
     param_specs: list[list[ParamSpec]] = field(default_factory=list)  # one list per bucket
     world_size: int | None = None  # 1 + Σ tp_size (trainer = rank 0); set by the client
     backend: str | None = None  # weight-update group backend; None: per-device default
+    # Verification (docs/weight_updates.md): with ``verify`` the trainer publishes
+    # ``checksums`` (name -> (dtype, 16-hex checksum) of what it sent, each tensor cast to
+    # ``checksum_dtype`` when set: the dtype the servers hold) and the client compares every
+    # server's /weights_checker answer with them.
+    verify: bool = False
+    checksum_dtype: str | None = None
+    checksums: dict[str, tuple[str, str]] | None = None
 
     def __post_init__(self) -> None:
         self.type = WeightUpdateType(self.type)

@@ -39,7 +39,7 @@ from arealite.api.io_struct import (
     WeightUpdateType,
 )
 from arealite.api.trajectory import TensorDict
-from arealite.engine.weight_upload import DistributedUploader, param_specs
+from arealite.engine.weight_upload import DistributedUploader, disk_checksums, param_specs
 from arealite.utils import checkpoint as ckpt
 from arealite.utils.data import (
     MicroBatchList,
@@ -328,8 +328,10 @@ class FSDPEngine(TrainEngine):
         buckets of ``meta.param_specs`` over the weight-update group. Collective."""
         model = self._check_ready()
         if meta.type == WeightUpdateType.DISK:
-            ckpt.save_hf(model, meta.path)
+            sd = ckpt.save_hf(model, meta.path)
             if self.is_rank0:
+                if meta.verify:  # before the marker: the client reads them once it sees it
+                    meta.checksums = disk_checksums(model, sd, meta.checksum_dtype)
                 meta.write_disk_marker()
             dist.barrier(group=self.dp_group)
             return

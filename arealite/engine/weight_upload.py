@@ -29,6 +29,7 @@ from torch.distributed.tensor import DTensor
 from arealite.api.io_struct import ParamSpec, WeightUpdateMeta
 from arealite.utils.distributed import destroy_custom_process_group, init_custom_process_group
 from arealite.utils.fsdp import full_tensor
+from arealite.utils.weight_checksum import dtype_name, tensor_checksum
 
 logger = logging.getLogger("arealite.engine.weight_upload")
 
@@ -191,6 +192,9 @@ class DistributedUploader:
             except Exception as e:  # noqa: BLE001 - reported after the collectives below
                 err = e
         pending: list = [None, None]
+        names = [[spec.name for spec in bucket] for bucket in meta.param_specs]
+        want_dt = getattr(torch, meta.checksum_dtype) if meta.checksum_dtype else None
+        sums: dict[str, tuple[str, str]] = {}
 
         def wait(k: int) -> None:
             if pending[k] is not None:
@@ -214,6 +218,11 @@ class DistributedUploader:
                     # the bucket's only copy: straight into its slice (casts if needed)
                     buf[a:b].view(dt).view(t.shape).copy_(t)
                 pending[k] = dist.broadcast(buf, src=0, group=pg, async_op=True)
+                if meta.verify:  # while the bucket is on the wire: hash what was sent
+                    for n, (_, dt, a, b), t in zip(names[i], items, parts):
+                        sent = buf[a:b].view(dt).view(t.shape)
+                        dt_out = want_dt or dt
+                        sums[n] = (dtype_name(dt_out), tensor_checksum(sent, dt_out))
             except Exception as e:  # noqa: BLE001
                 err = e
         if is_rank0 and err is None:
@@ -222,6 +231,8 @@ class DistributedUploader:
                 wait(1)
             except Exception as e:  # noqa: BLE001
                 err = e
+        if is_rank0 and err is None and meta.verify:
+            meta.checksums = sums  # the client compares the servers' /weights_checker with these
         if err is not None:
             self.close()  # a broken collective leaves the group unusable
         failed = torch.tensor([1 if err is not None else 0], device=self._default_device())
@@ -237,3 +248,18 @@ class DistributedUploader:
     def _default_device(self) -> torch.device:
         # the training group's backend follows the engine's device (nccl needs CUDA tensors)
         return self.device if self.backend == "nccl" else torch.device("cpu")
+
+
+def disk_checksums(
+    model: nn.Module, state: dict[str, torch.Tensor] | None, dtype: str | None
+) -> dict[str, tuple[str, str]]:
+    """name -> (dtype, checksum) of the parameters a disk update wrote (``state``: the full
+    state dict ``save_hf`` returned), each cast to ``dtype`` (the servers' dtype) when set."""
+    want = getattr(torch, dtype) if dtype else None
+    out = {}
+    for name, _ in model.named_parameters():  # tied weights once, as a server lists them
+        t = (state or {}).get(name)
+        if t is not None:
+            dt = want or t.dtype
+            out[name] = (dtype_name(dt), tensor_checksum(t, dt))
+    return out

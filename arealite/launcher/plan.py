@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from arealite.api.config import BaseExperimentConfig, GRPOConfig, LauncherConfig
-from arealite.utils import network
+from arealite.api.config_loader import SECRET_FIELDS
+from arealite.utils import keys, network
 
 ADDRS_ENV = "AREAL_LLM_SERVER_ADDRS"
 SECRET_FLAGS = ("--api-key", "--admin-api-key")
@@ -42,7 +43,9 @@ class ProcSpec:
             for i, a in enumerate(cmd[:-1]):
                 if a in SECRET_FLAGS:
                     cmd[i + 1] = "***"
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        env = " ".join(
+            f"{k}={'***' if mask_secrets and k in keys.SECRET_ENV else shlex.quote(v)}"
+            for k, v in sorted(self.env.items()))
         return (env + " " if env else "") + shlex.join(cmd)
 
 
@@ -97,6 +100,25 @@ def _device_ids(start: int, count: int, environ: dict[str, str]) -> str:
     return ",".join(visible[start:start + count])
 
 
+def run_keys(config: BaseExperimentConfig, environ: dict[str, str] | None = None,
+             section: str = "sglang") -> dict[str, str]:
+    """The run's keys as environment variables (``AREALITE_API_KEY`` ...): the servers'
+    ``sglang.api_key`` / ``sglang.admin_api_key`` (for the trainer, ``rollout.*`` first) when
+    set, else the launcher's own environment. Servers and trainer get them in their environment,
+    never on a command line."""
+    sections = [getattr(config, n, None) for n in (("rollout", "sglang") if section == "rollout"
+                                                   else ("sglang",))]
+    out = {}
+    for env_name, field_name in ((keys.API_KEY_ENV, "api_key"),
+                                 (keys.ADMIN_API_KEY_ENV, "admin_api_key")):
+        value = next((getattr(x, field_name) for x in sections if getattr(x, field_name, None)),
+                     None)
+        v = keys.resolve(value, env_name, environ)
+        if v:
+            out[env_name] = v
+    return out
+
+
 def advertised_host(bind_host: str) -> str:
     """The address other processes use to reach a server bound to ``bind_host``."""
     if bind_host in ("0.0.0.0", "::", ""):
@@ -131,10 +153,16 @@ def server_specs(
             cmd += ["--device", sg.device]
         for flag, value in (("--max-running-requests", sg.max_running_requests),
                             ("--context-length", sg.context_length),
-                            ("--mem-fraction-static", sg.mem_fraction_static),
-                            ("--api-key", sg.api_key), ("--admin-api-key", sg.admin_api_key)):
+                            ("--mem-fraction-static", sg.mem_fraction_static)):
             if value is not None:
                 cmd += [flag, str(value)]
+        secrets = run_keys(config, environ)
+        if lc.server_backend == "sglang":
+            # real SGLang reads keys only from its flags (masked in every printed command line)
+            for flag, env_name in (("--api-key", keys.API_KEY_ENV),
+                                   ("--admin-api-key", keys.ADMIN_API_KEY_ENV)):
+                if env_name in secrets:
+                    cmd += [flag, secrets[env_name]]
         if sg.tp_size != 1:
             cmd += ["--tp-size", str(sg.tp_size)]
         if sg.skip_tokenizer_init:
@@ -144,12 +172,16 @@ def server_specs(
         if lc.server_backend == "embedded":  # the run's own folder: weight updates, checkpoints
             cmd += ["--weight-load-root", str(config.run_dir())]
         cmd += list(sg.extra_args)
-        env = {"OMP_NUM_THREADS": str(lc.server_threads), "PYTHONUNBUFFERED": "1"}
+        env = {"OMP_NUM_THREADS": str(lc.server_threads), "PYTHONUNBUFFERED": "1", **secrets}
         if lc.gpus_per_server:
             env["CUDA_VISIBLE_DEVICES"] = _device_ids(i * lc.gpus_per_server, lc.gpus_per_server,
                                                       environ)
         specs.append(ProcSpec(f"server{i}", cmd, env, addr=f"{advertised_host(host)}:{port}"))
     return specs
+
+
+def _is_key_override(override: str) -> bool:
+    return override.split("=", 1)[0].rsplit(".", 1)[-1] in SECRET_FIELDS
 
 
 def torchrun_prefix() -> list[str]:
@@ -172,11 +204,13 @@ def trainer_spec(
     launcher hands out GPUs; None leaves CUDA_VISIBLE_DEVICES as inherited."""
     environ = os.environ if environ is None else environ
     lc = launcher_config(config)
+    # key overrides travel in the environment (below), not on the trainer's command line
+    overrides = [o for o in overrides if not _is_key_override(o)]
     cmd = [*torchrun_prefix(), "--nnodes", "1", "--nproc-per-node", str(lc.trainer_nproc),
            "--master-addr", "127.0.0.1", "--master-port", str(master_port),
            "-m", entry_module(config), str(config_path), *overrides]
     env = {"OMP_NUM_THREADS": str(lc.trainer_threads), "PYTHONUNBUFFERED": "1",
-           "TOKENIZERS_PARALLELISM": "false"}
+           "TOKENIZERS_PARALLELISM": "false", **run_keys(config, environ, "rollout")}
     if server_addrs:
         env[ADDRS_ENV] = ",".join(server_addrs)
     if gpu_offset is not None:

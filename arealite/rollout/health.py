@@ -21,6 +21,7 @@ async def ready_for_readmission(
     last_disk: WeightUpdateMeta | None,
     timeout: float,
     update_timeout: float,
+    admin_headers: dict[str, str] | None = None,
 ) -> bool:
     """True when ``addr`` answers ``/health`` and holds version ``current``.
 
@@ -48,7 +49,7 @@ async def ready_for_readmission(
     try:
         await call_json(session, "POST", f"http://{addr}/update_weights_from_disk", {
             "model_path": last_disk.path, "weight_version": str(last_disk.version),
-        }, timeout=update_timeout)
+        }, timeout=update_timeout, headers=admin_headers)
     except Exception as e:  # noqa: BLE001
         logger.warning("re-syncing %s from %s failed: %s", addr, last_disk.path, describe_error(e))
         return False

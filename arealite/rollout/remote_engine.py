@@ -69,6 +69,7 @@ from arealite.rollout.weight_sync import (
     WeightUpdateError,
     group_layout,
 )
+from arealite.rollout.weight_verify import WeightVerificationError, verify
 from arealite.utils.http import (
     RETRYABLE_STATUS,
     TRANSPORT_ERRORS,
@@ -79,6 +80,7 @@ from arealite.utils.http import (
     request_json,
     uncancel,
 )
+from arealite.utils.keys import HINT, ClientKeys
 from arealite.utils.network import parse_addrs
 
 logger = logging.getLogger("arealite.rollout.remote_engine")
@@ -112,13 +114,21 @@ class RemoteSGLangEngine(InferenceEngine):
         self.clock = clock or VersionClock()  # the one weight version of this trainer rank
         self.loop = LoopThread("rollout-executor")
         self.executor = WorkflowExecutor(config, self, self.loop, self.clock)
-        self.weight_sync = WeightSync(config.pause_mode, config.weight_update_timeout)
+        # Keys from the config or AREALITE_API_KEY / AREALITE_ADMIN_API_KEY; the api key's
+        # header is a default of every session (built once), the admin key's goes on admin calls.
+        self.keys = ClientKeys.from_config(config.api_key, config.admin_api_key)
+        self._admin_headers = self.keys.admin_headers
+        self.weight_sync = WeightSync(config.pause_mode, config.weight_update_timeout,
+                                      admin_headers=self._admin_headers)
         self.last_weight_update = None  # WeightUpdateReport of the last successful update
-        self._sessions = SessionCache()
+        self._sessions = SessionCache(self.keys.api_headers)
         self._updating = False  # between pause_generation and continue_generation
         self._last_disk: WeightUpdateMeta | None = None
         self._health_task: Any = None
         self._segment_ids = itertools.count(1)  # next() is atomic: shared by threads
+        # Servers whose weights failed verification: the health probe never re-admits them
+        # (they report the current version); only a verified re-sync does.
+        self._quarantined: set[str] = set()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -186,6 +196,25 @@ class RemoteSGLangEngine(InferenceEngine):
                 f"servers not healthy after {timeout:.0f} s: "
                 + "; ".join(f"{a} ({r})" for a, r in reasons.items())
             )
+        await self._check_api_key(session, addrs, timeout)
+
+    async def _check_api_key(self, session: Any, addrs: list[str], timeout: float) -> None:
+        """Fail at start-up, not at the first rollout, when a server refuses our api key:
+        ``/model_info`` is open without ``--api-key`` and needs it with one (``/health`` is
+        always open, so it cannot tell)."""
+        async def one(a: str) -> str | None:
+            try:
+                res = await request_json(session, "GET", f"http://{a}/model_info",
+                                         timeout=min(10.0, timeout))
+            except TRANSPORT_ERRORS:
+                return None  # reachability is the health probe's business
+            return f"{a} (HTTP 401)" if res.status == 401 else None
+
+        refused = [r for r in await asyncio.gather(*(one(a) for a in addrs)) if r]
+        if refused:
+            what = "was refused" if self.keys.api_key else "is needed (none was given)"
+            raise PermissionError(f"the servers' api key {what}: {', '.join(refused)}; "
+                                  + HINT["api"])
 
     # ------------------------------------------------------------------ generation
 
@@ -313,6 +342,8 @@ class RemoteSGLangEngine(InferenceEngine):
         request's own fault raises ``GenerationError`` with the server's message instead."""
         msg = error_message(decode_body(raw, headers.get("Content-Type")))
         if status not in RETRYABLE_STATUS and status < 500:
+            if status == 401:
+                msg += f" ({HINT['api']})"
             raise GenerationError(f"request {rid} rejected by {addr} (HTTP {status}): {msg}", status)
         return f"HTTP {status}: {msg}"
 
@@ -337,10 +368,13 @@ class RemoteSGLangEngine(InferenceEngine):
                 await asyncio.gather(*(self._probe(a) for a in bad), return_exceptions=True)
 
     async def _probe(self, addr: str) -> None:
+        if addr in self._quarantined:
+            return
         current = self.clock.value  # an update finishing meanwhile makes this probe stale
         ok = await ready_for_readmission(
             self._sessions.get(), addr, current, self._last_disk,
             max(5.0, self.config.health_check_interval), self.config.weight_update_timeout,
+            self._admin_headers,
         )
         if ok and not self._updating and self.clock.value == current:
             self.pool.mark_healthy(addr)
@@ -377,8 +411,70 @@ class RemoteSGLangEngine(InferenceEngine):
             logger.error("weight update v%d: servers taken out: %s", meta.version, report.failed)
         if meta.type == WeightUpdateType.DISK:
             self._last_disk = meta
+        if meta.verify:
+            await self._verify_update(report, meta)
         self.last_weight_update = report
         self.set_version(meta.version)
+
+    async def _check(self, addrs: list[str], meta: WeightUpdateMeta) -> dict[str, str]:
+        return await verify(self._sessions.get(), addrs, meta,
+                            min(self.config.weight_update_timeout, meta.timeout),
+                            self._admin_headers)
+
+    async def _verify_update(self, report: Any, meta: WeightUpdateMeta) -> None:
+        """Each updated server's checksums against the trainer's. A mismatch takes the server
+        out (and keeps it out), then re-syncs it: from disk here, by broadcast through the
+        trainer (``report.resync``, see ``resync_weights``). A second mismatch raises
+        ``WeightVerificationError``: the run stops."""
+        t0 = time.monotonic()
+        bad = await self._check(report.updated, meta)
+        for a, why in bad.items():
+            self._quarantined.add(a)
+            self.pool.mark_unhealthy(a, f"weights differ from the trainer's after v{meta.version}")
+            logger.error("WEIGHT MISMATCH: server %s does not hold the trainer's weights v%d "
+                         "(%s); taken out of the pool and re-synced", a, meta.version, why)
+        if bad and meta.type == WeightUpdateType.DISK:
+            await self._resync_from_disk(list(bad), meta)
+        elif bad:
+            report.resync = list(bad)
+        report.verify_seconds = time.monotonic() - t0
+
+    async def _resync_from_disk(self, addrs: list[str], meta: WeightUpdateMeta) -> None:
+        # a second update to just these servers (out of the pool, so nothing is generating)
+        payload = {"model_path": meta.path, "weight_version": str(meta.version),
+                   "flush_cache": True, "abort_all_requests": True}
+        failed: dict[str, str] = {}
+        await self.weight_sync.fan_out(self._sessions.get(), addrs, "/update_weights_from_disk",
+                                       payload, failed, min(self.config.weight_update_timeout,
+                                                            meta.timeout))
+        self._admit_verified(addrs, meta, {**failed, **await self._check(
+            [a for a in addrs if a not in failed], meta)})
+
+    def _admit_verified(self, addrs: list[str], meta: WeightUpdateMeta, bad: dict[str, str]) -> None:
+        if bad:
+            raise WeightVerificationError(
+                f"weights v{meta.version} still differ from the trainer's after a re-sync: "
+                + "; ".join(f"{a}: {r}" for a, r in bad.items())
+                + " (a server that corrupts or drops updates; the run stops)")
+        for a in addrs:
+            self._quarantined.discard(a)
+            self.pool.mark_healthy(a)
+            logger.warning("server %s re-synced to v%d and verified; back in the pool",
+                           a, meta.version)
+
+    def resync_weights(self, meta: WeightUpdateMeta, addrs: list[str]) -> Future:
+        """A second broadcast update to just ``addrs`` (``report.resync`` of the update to
+        ``meta.version``; the trainer uploads ``meta`` again at the same time, as for any
+        update), then verification: they rejoin the pool, or ``WeightVerificationError``."""
+        async def go() -> None:
+            report = await self.weight_sync.run(self._sessions.get(), list(addrs), meta)
+            missing = [a for a in addrs if a not in report.updated]
+            bad = {a: report.failed.get(a, "not updated") for a in missing}
+            if meta.verify and not bad:
+                bad = await self._check(list(addrs), meta)
+            self._admit_verified(list(addrs), meta, bad)
+
+        return self.loop.run(go())
 
     def weight_group_layout(self, timeout: float = 30.0) -> GroupLayout:
         """World size, rank offsets and backend a new weight-update group over the healthy
@@ -395,7 +491,8 @@ class RemoteSGLangEngine(InferenceEngine):
         """``/get_weights_by_name`` on every healthy server: ``{addr: values}``."""
         async def go() -> dict[str, Any]:  # the session belongs to the engine's loop
             addrs = self.pool.healthy_addrs()
-            return await fetch_weights(self._sessions.get(), addrs, name, truncate_size, timeout)
+            return await fetch_weights(self._sessions.get(), addrs, name, truncate_size, timeout,
+                                       self._admin_headers)
 
         return self.loop.run(go()).result(timeout + 5)
 

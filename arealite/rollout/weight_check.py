@@ -15,12 +15,13 @@ from arealite.utils.http import call_json
 
 async def fetch_weights(
     session: aiohttp.ClientSession, addrs: list[str], name: str, truncate_size: int,
-    timeout: float,
+    timeout: float, headers: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """``{addr: values}`` of parameter ``name`` on every server, fetched at once."""
+    """``{addr: values}`` of parameter ``name`` on every server, fetched at once (an admin
+    endpoint: ``headers`` carry the admin key)."""
     res = await asyncio.gather(*(
         call_json(session, "POST", f"http://{a}/get_weights_by_name",
-                  {"name": name, "truncate_size": truncate_size}, timeout)
+                  {"name": name, "truncate_size": truncate_size}, timeout, headers=headers)
         for a in addrs
     ))
     return {a: r.body for a, r in zip(addrs, res)}

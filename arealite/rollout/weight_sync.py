@@ -27,7 +27,8 @@ from typing import Any
 import aiohttp
 
 from arealite.api.io_struct import WeightUpdateMeta, WeightUpdateType
-from arealite.utils.http import call_json, describe_error
+from arealite.utils.http import HTTPStatusError, call_json, describe_error
+from arealite.utils.keys import HINT
 
 logger = logging.getLogger("arealite.rollout.weight_sync")
 
@@ -44,6 +45,10 @@ class WeightUpdateReport:
     updated: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)  # addr -> reason
     seconds: float = 0.0
+    verify_seconds: float = 0.0  # of which checking the servers' checksums (and disk re-syncs)
+    # servers whose checksums differed after a broadcast: out of the pool until the trainer
+    # re-sends to them (RemoteSGLangEngine.resync_weights)
+    resync: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -86,11 +91,21 @@ def layout_of(addrs: list[str], infos: list[dict[str, Any]], backend: str | None
     return GroupLayout(world_size=nxt, rank_offsets=offsets, backend=backend)
 
 
+def admin_reason(e: BaseException) -> str:
+    """``describe_error``, plus what to set when a server refused the admin key."""
+    if isinstance(e, HTTPStatusError) and e.status == 401:
+        return f"{describe_error(e)} ({HINT['admin']})"
+    return describe_error(e)
+
+
 class WeightSync:
     """Runs one weight update at a time over a given list of servers."""
 
-    def __init__(self, pause_mode: str, step_timeout: float, poll_interval: float = 0.1):
+    def __init__(self, pause_mode: str, step_timeout: float, poll_interval: float = 0.1,
+                 admin_headers: dict[str, str] | None = None):
         self.pause_mode = pause_mode
+        # every call here is an admin call (pause, weights, groups): the admin key's header
+        self.admin_headers = admin_headers or {}
         self.step_timeout = step_timeout
         self.poll_interval = poll_interval
         self.group: tuple[str, int, str] | None = None  # (master_address, port, group_name)
@@ -115,7 +130,8 @@ class WeightSync:
         """POST to every server at once; returns those that succeeded, records the others."""
         addrs = list(addrs)
         reasons = await asyncio.gather(
-            *(self._post(session, a, path, payload, timeout, tolerate_404) for a in addrs))
+            *(self._post(session, a, path, payload, timeout, tolerate_404, self.admin_headers)
+              for a in addrs))
         ok = []
         for a, r in zip(addrs, reasons):
             if r is None:
@@ -128,14 +144,14 @@ class WeightSync:
     @staticmethod
     async def _post(session: aiohttp.ClientSession, addr: str, path: str,
                     payload: dict[str, Any] | None, timeout: float, tolerate_404: bool = False,
-                    ) -> str | None:
+                    headers: dict[str, str] | None = None) -> str | None:
         """One call; None on success, else the reason."""
         try:
             await call_json(session, "POST", f"http://{addr}{path}", payload, timeout,
-                            ok_statuses=(404,) if tolerate_404 else ())
+                            ok_statuses=(404,) if tolerate_404 else (), headers=headers)
             return None
         except Exception as e:  # noqa: BLE001 - transport, status or body: all reported
-            return f"{path}: {describe_error(e)}"
+            return f"{path}: {admin_reason(e)}"
 
     async def wait_disk_ready(self, meta: WeightUpdateMeta, timeout: float) -> None:
         """Wait for the trainer's marker ``{"version": v}`` beside the saved HF files."""
@@ -290,7 +306,8 @@ class WeightSync:
                     "rank_offset": lay.rank_offsets[a], "world_size": lay.world_size,
                     "group_name": meta.group_name, "backend": meta.backend or lay.backend,
                 }
-                reason = await self._post(session, a, "/init_weights_update_group", payload, timeout)
+                reason = await self._post(session, a, "/init_weights_update_group", payload,
+                                          timeout, headers=self.admin_headers)
                 if reason is None:
                     return a
                 # A server still holding a group of that name (its trainer died and a restarted
@@ -352,7 +369,7 @@ class WeightSync:
         """Destroy group ``name`` on ``addr``; True when it existed and is gone."""
         try:
             await call_json(session, "POST", f"http://{addr}/destroy_weights_update_group",
-                            {"group_name": name}, min(10.0, timeout))
+                            {"group_name": name}, min(10.0, timeout), headers=self.admin_headers)
         except Exception as e:  # noqa: BLE001 - e.g. 400 "does not exist": nothing to free
             logger.debug("destroy %s on %s: %s", name, addr, describe_error(e))
             return False

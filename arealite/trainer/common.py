@@ -3,6 +3,7 @@ and the weight push of the RL scripts."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -52,13 +53,17 @@ def setup_logging(rank: int) -> None:
 def weight_meta(
     wu: WeightUpdateConfig, version: int, disk_root: Path, master_port: int, actor: TrainEngine
 ) -> WeightUpdateMeta:
-    """The update to ``version``: a disk folder per version, or the run's one broadcast group."""
+    """The update to ``version``: a disk folder per version, or the run's one broadcast group;
+    verified (``weight_update.verify``) in ``checksum_dtype``."""
     if wu.type == "disk":
-        return WeightUpdateMeta.disk(version, disk_root)
-    return WeightUpdateMeta.broadcast(
-        version, actor.get_param_specs(wu.bucket_size_mb), master_port, wu.master_address,
-        wu.group_name, wu.bucket_size_mb, wu.timeout,
-    )
+        meta = WeightUpdateMeta.disk(version, disk_root)
+    else:
+        meta = WeightUpdateMeta.broadcast(
+            version, actor.get_param_specs(wu.bucket_size_mb), master_port, wu.master_address,
+            wu.group_name, wu.bucket_size_mb, wu.timeout,
+        )
+    meta.verify, meta.checksum_dtype = wu.verify, wu.checksum_dtype
+    return meta
 
 
 def push_weights(
@@ -68,8 +73,22 @@ def push_weights(
     gather; rank 0 writes or broadcasts); then every rank moves its version clock."""
     fut = rollout.update_weights(meta) if rank == 0 else None
     actor.upload_weights(meta)
+    resync: list[str] = []
     if fut is not None:
         fut.result(timeout=timeout)
+        resync = list(getattr(rollout.last_weight_update, "resync", None) or [])
+    if dist.is_initialized():  # every rank joins a re-send's gathers
+        box = [resync]
+        dist.broadcast_object_list(box, src=0)
+        resync = box[0]
+    if resync:
+        # A server's checksums differed after the broadcast: send it the weights once more,
+        # alone (a new group over just it); a second mismatch raises and stops the run.
+        again = dataclasses.replace(meta, world_size=None, checksums=None)
+        fut = rollout.resync_weights(again, resync) if rank == 0 else None
+        actor.upload_weights(again)
+        if fut is not None:
+            fut.result(timeout=timeout)
     if dist.is_initialized():
         dist.barrier()
     rollout.set_version(meta.version)  # the rank's one clock, shared with the actor

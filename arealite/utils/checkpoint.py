@@ -39,21 +39,24 @@ def save_hf(
     model: nn.Module,
     path: str | os.PathLike,
     tokenizer: Any | None = None,
-) -> None:
-    """Write an HF directory at ``path`` in the training dtype (collective; rank 0 writes)."""
+) -> dict[str, torch.Tensor] | None:
+    """Write an HF directory at ``path`` in the training dtype (collective; rank 0 writes).
+    Returns the full state dict written on rank 0 (None elsewhere), e.g. to checksum it."""
     sd = full_state_dict(model, cpu_offload=True)
     if _rank() == 0:
         out = Path(path)
         out.mkdir(parents=True, exist_ok=True)
         # save_pretrained with an explicit state dict: the FSDP-wrapped module's own tensors
         # are shards, the gathered dict is the real model.
-        model.save_pretrained(str(out), state_dict=sd, safe_serialization=True)
+        # (a shallow copy: transformers empties the dict it is given, the caller gets ``sd``)
+        model.save_pretrained(str(out), state_dict=dict(sd), safe_serialization=True)
         gen = getattr(model, "generation_config", None)
         if gen is not None:
             gen.save_pretrained(str(out))
         if tokenizer is not None:
             tokenizer.save_pretrained(str(out))
     _barrier()
+    return sd if _rank() == 0 else None
 
 
 def auto_model_class(model_kind: str = "causal_lm"):

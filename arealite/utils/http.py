@@ -85,11 +85,14 @@ def decode_body(raw: bytes, content_type: str | None) -> Any:
         return text
 
 
-def make_session(limit: int = 0) -> aiohttp.ClientSession:
-    """A session with keep-alive connections (``limit`` 0 = no cap on concurrent connections)."""
+def make_session(limit: int = 0, headers: dict[str, str] | None = None) -> aiohttp.ClientSession:
+    """A session with keep-alive connections (``limit`` 0 = no cap on concurrent connections).
+    ``headers`` go on every call (the api key's ``Authorization``: set once here, the hot path
+    builds nothing per request; a call's own headers override them)."""
     connector = aiohttp.TCPConnector(limit=limit, limit_per_host=0, keepalive_timeout=60)
     # No session-wide timeout: every call passes its own deadline.
-    return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
+    return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None),
+                                 headers=headers or None)
 
 
 class DeadlineWatch:
@@ -149,7 +152,8 @@ class SessionCache:
     gone away are dropped with them.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, headers: dict[str, str] | None = None) -> None:
+        self.headers = dict(headers or {})  # default headers of every session (see make_session)
         self._per_loop: weakref.WeakKeyDictionary[
             asyncio.AbstractEventLoop, tuple[aiohttp.ClientSession, DeadlineWatch]
         ] = weakref.WeakKeyDictionary()
@@ -162,7 +166,7 @@ class SessionCache:
             return last[1]  # hot path: same loop as the previous call (close_current resets it)
         entry = self._per_loop.get(loop)
         if entry is None or entry[0].closed:
-            entry = (make_session(), DeadlineWatch())
+            entry = (make_session(headers=self.headers), DeadlineWatch())
             self._per_loop[loop] = entry
         self._last = (loop, entry)
         return entry
@@ -190,12 +194,16 @@ async def request_json(
     url: str,
     payload: Any = None,
     timeout: float | None = None,
+    headers: dict[str, str] | None = None,
 ) -> HTTPResult:
-    """One call; returns status and decoded body. Raises only transport errors and timeouts."""
+    """One call; returns status and decoded body. Raises only transport errors and timeouts.
+    ``headers`` add to (and override) the session's, e.g. the admin key's ``Authorization``."""
     t = aiohttp.ClientTimeout(total=timeout)
     kwargs: dict[str, Any] = {"timeout": t}
     if payload is not None:
         kwargs["json"] = payload
+    if headers:
+        kwargs["headers"] = headers
     async with session.request(method, url, **kwargs) as resp:
         raw = await resp.read()
         return HTTPResult(resp.status, decode_body(raw, resp.headers.get("Content-Type")))
@@ -208,10 +216,11 @@ async def call_json(
     payload: Any = None,
     timeout: float | None = None,
     ok_statuses: tuple[int, ...] = (),
+    headers: dict[str, str] | None = None,
 ) -> HTTPResult:
     """Like ``request_json`` but raises ``HTTPStatusError`` on a non-2xx status (other than
     ``ok_statuses``) and on a 200 body ``{"success": false, ...}``."""
-    res = await request_json(session, method, url, payload, timeout)
+    res = await request_json(session, method, url, payload, timeout, headers)
     if res.status in ok_statuses:
         return res
     if not 200 <= res.status < 300:

@@ -1,7 +1,9 @@
 """The trainer's upload_weights against a live embedded server, driven by the real client.
 
 After each update (disk, then distributed twice over one group) the server reports the new
-version and its logprobs for a fixed completion equal the trainer's within 1e-5.
+version and its logprobs for a fixed completion equal the trainer's within 1e-5, and the
+verified update (``meta.verify``) found the server's ``/weights_checker`` checksums equal to
+those the trainer computed for every parameter it sent.
 """
 
 from __future__ import annotations
@@ -86,6 +88,7 @@ def test_disk_then_distributed_updates_reach_the_server(tiny_model_dir, tmp_path
                 assert float((server_logprobs(addr, ids) - mine).abs().max()) > 1e-4  # stale
                 if meta.type.value == "distributed":
                     meta.param_specs = actor.get_param_specs(bucket_size_mb=0.1)
+                meta.verify = True
                 fut = client.update_weights(meta)
                 actor.upload_weights(meta)
                 fut.result(timeout=90)
@@ -94,6 +97,11 @@ def test_disk_then_distributed_updates_reach_the_server(tiny_model_dir, tmp_path
                 assert str(info["weight_version"]) == str(meta.version)
                 diff = float((server_logprobs(addr, ids) - mine).abs().max())
                 assert diff < 1e-5, (meta.type, diff)
+                # verified: the trainer hashed every parameter, the server agreed on each
+                got = _post(addr, "/weights_checker", {})["ranks"][0]["checksums"]
+                assert set(meta.checksums) == set(got)
+                assert {k: v[1] for k, v in meta.checksums.items()} == got
+                assert client.last_weight_update.resync == []
             marker = json.loads((tmp_path / "v1" / "arealite_weights_ready.json").read_text())
             assert marker == {"version": 1}
         finally:

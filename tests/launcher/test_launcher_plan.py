@@ -100,15 +100,35 @@ def test_server_flags_follow_the_sglang_section():
     (spec,) = plan.server_specs(cfg, [1234], environ={})
     cmd = spec.cmd
     assert cmd[cmd.index("--model-path") + 1] == "/served"
-    assert cmd[cmd.index("--api-key") + 1] == "s3cr3t" and "--random-seed" not in cmd
+    # the embedded server reads its keys from the environment: never on its command line
+    assert "--api-key" not in cmd and "--admin-api-key" not in cmd and "--random-seed" not in cmd
     assert cmd[cmd.index("--tp-size") + 1] == "2" and cmd[cmd.index("--device") + 1] == "cpu"
     assert "--enable-metrics" in cmd and "--skip-tokenizer-init" in cmd and cmd[-2:] == ["--foo", "1"]
     assert spec.env == {"OMP_NUM_THREADS": "3", "PYTHONUNBUFFERED": "1",
-                        "CUDA_VISIBLE_DEVICES": "0,1"}
+                        "CUDA_VISIBLE_DEVICES": "0,1", "AREALITE_API_KEY": "s3cr3t",
+                        "AREALITE_ADMIN_API_KEY": "adm1n"}
     shown = spec.shell()
-    assert "s3cr3t" not in shown and "adm1n" not in shown and "--api-key '***'" in shown
+    assert "s3cr3t" not in shown and "adm1n" not in shown and "AREALITE_API_KEY=***" in shown
     assert "s3cr3t" in spec.shell(mask_secrets=False)
     assert spec.addr == "127.0.0.1:1234"
+    # real SGLang reads keys only from flags: there they go, masked when printed
+    cfg.launcher.server_backend = "sglang"
+    (spec,) = plan.server_specs(cfg, [1234], environ={})
+    assert spec.cmd[spec.cmd.index("--api-key") + 1] == "s3cr3t"
+    assert "s3cr3t" not in spec.shell() and "--api-key '***'" in spec.shell()
+
+
+def test_keys_reach_the_trainer_by_environment_and_never_a_printed_line(monkeypatch, capsys):
+    cfg = _grpo(sglang={"admin_api_key": "adm1n"})
+    t = plan.trainer_spec(cfg, "c.yaml", [], 99, ["h:1"], environ={"AREALITE_API_KEY": "k3y"})
+    assert t.env["AREALITE_API_KEY"] == "k3y" and t.env["AREALITE_ADMIN_API_KEY"] == "adm1n"
+    assert "k3y" not in t.shell() and "adm1n" not in t.shell()
+    monkeypatch.delenv(plan.ADDRS_ENV, raising=False)
+    monkeypatch.setenv("AREALITE_API_KEY", "envk3y")
+    assert main([GPU, "sglang.api_key=cfgk3y", "sglang.admin_api_key=adm1n", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "cfgk3y" not in out and "adm1n" not in out and "envk3y" not in out
+    assert "api_key: '***'" in out
 
 
 def test_gpus_map_through_an_inherited_cuda_visible_devices():

@@ -30,9 +30,15 @@ def test_every_flag_the_launcher_sends_is_accepted_by_the_embedded_server():
     })
     (spec,) = plan.server_specs(cfg, [7], environ={})
     assert spec.cmd[1:3] == ["-m", "servers.launch_server"]
-    args = parse_args(spec.cmd[3:])
+    # keys travel in the environment the launcher sets, never on the command line
+    assert "k" not in spec.cmd and spec.env["AREALITE_API_KEY"] == "k"
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in spec.env.items():
+            mp.setenv(name, value)
+        args = parse_args(spec.cmd[3:])
     assert args.mem_fraction_static == 0.8 and args.context_length == 256
-    assert args.api_key == "k" and args.dtype == "bfloat16"
+    assert args.api_key == "k" and args.admin_api_key == "a" and args.dtype == "bfloat16"
+    assert "k" not in args.launch_command.split()
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "10.1.2.3", "::", "node-7"])
