@@ -69,7 +69,7 @@ from arealite.rollout.weight_sync import (
     WeightUpdateError,
     group_layout,
 )
-from arealite.rollout.weight_verify import WeightVerificationError, verify
+from arealite.rollout.weight_verify import WeightVerifier
 from arealite.utils.http import (
     RETRYABLE_STATUS,
     TRANSPORT_ERRORS,
@@ -80,7 +80,7 @@ from arealite.utils.http import (
     request_json,
     uncancel,
 )
-from arealite.utils.keys import HINT, ClientKeys
+from arealite.utils.keys import HINT, ClientKeys, check_api_key
 from arealite.utils.network import parse_addrs
 
 logger = logging.getLogger("arealite.rollout.remote_engine")
@@ -126,9 +126,8 @@ class RemoteSGLangEngine(InferenceEngine):
         self._last_disk: WeightUpdateMeta | None = None
         self._health_task: Any = None
         self._segment_ids = itertools.count(1)  # next() is atomic: shared by threads
-        # Servers whose weights failed verification: the health probe never re-admits them
-        # (they report the current version); only a verified re-sync does.
-        self._quarantined: set[str] = set()
+        self.verifier = WeightVerifier(self.weight_sync, config.weight_update_timeout,
+                                       self._admin_headers)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -144,6 +143,7 @@ class RemoteSGLangEngine(InferenceEngine):
         c = self.config
         self.addresses = addrs
         self.pool = ServerRouter(addrs, c.schedule_policy, c.sticky_rids, c.unhealthy_after_failures)
+        self.verifier.pool = self.pool
         self._urls = {a: f"http://{a}{self.protocol.generate_path}" for a in addrs}
         self.executor.initialize(train_data_parallel_size or 1)
         self.loop.start(self.executor.launch_ready)  # ours, lent to the executor's episodes
@@ -196,25 +196,7 @@ class RemoteSGLangEngine(InferenceEngine):
                 f"servers not healthy after {timeout:.0f} s: "
                 + "; ".join(f"{a} ({r})" for a, r in reasons.items())
             )
-        await self._check_api_key(session, addrs, timeout)
-
-    async def _check_api_key(self, session: Any, addrs: list[str], timeout: float) -> None:
-        """Fail at start-up, not at the first rollout, when a server refuses our api key:
-        ``/model_info`` is open without ``--api-key`` and needs it with one (``/health`` is
-        always open, so it cannot tell)."""
-        async def one(a: str) -> str | None:
-            try:
-                res = await request_json(session, "GET", f"http://{a}/model_info",
-                                         timeout=min(10.0, timeout))
-            except TRANSPORT_ERRORS:
-                return None  # reachability is the health probe's business
-            return f"{a} (HTTP 401)" if res.status == 401 else None
-
-        refused = [r for r in await asyncio.gather(*(one(a) for a in addrs)) if r]
-        if refused:
-            what = "was refused" if self.keys.api_key else "is needed (none was given)"
-            raise PermissionError(f"the servers' api key {what}: {', '.join(refused)}; "
-                                  + HINT["api"])
+        await check_api_key(session, addrs, timeout, self.keys)
 
     # ------------------------------------------------------------------ generation
 
@@ -368,7 +350,7 @@ class RemoteSGLangEngine(InferenceEngine):
                 await asyncio.gather(*(self._probe(a) for a in bad), return_exceptions=True)
 
     async def _probe(self, addr: str) -> None:
-        if addr in self._quarantined:
+        if addr in self.verifier.quarantined:
             return
         current = self.clock.value  # an update finishing meanwhile makes this probe stale
         ok = await ready_for_readmission(
@@ -412,67 +394,22 @@ class RemoteSGLangEngine(InferenceEngine):
         if meta.type == WeightUpdateType.DISK:
             self._last_disk = meta
         if meta.verify:
-            await self._verify_update(report, meta)
+            await self.verifier.after_update(self._sessions.get(), report, meta)
         self.last_weight_update = report
         self.set_version(meta.version)
-
-    async def _check(self, addrs: list[str], meta: WeightUpdateMeta) -> dict[str, str]:
-        return await verify(self._sessions.get(), addrs, meta,
-                            min(self.config.weight_update_timeout, meta.timeout),
-                            self._admin_headers)
-
-    async def _verify_update(self, report: Any, meta: WeightUpdateMeta) -> None:
-        """Each updated server's checksums against the trainer's. A mismatch takes the server
-        out (and keeps it out), then re-syncs it: from disk here, by broadcast through the
-        trainer (``report.resync``, see ``resync_weights``). A second mismatch raises
-        ``WeightVerificationError``: the run stops."""
-        t0 = time.monotonic()
-        bad = await self._check(report.updated, meta)
-        for a, why in bad.items():
-            self._quarantined.add(a)
-            self.pool.mark_unhealthy(a, f"weights differ from the trainer's after v{meta.version}")
-            logger.error("WEIGHT MISMATCH: server %s does not hold the trainer's weights v%d "
-                         "(%s); taken out of the pool and re-synced", a, meta.version, why)
-        if bad and meta.type == WeightUpdateType.DISK:
-            await self._resync_from_disk(list(bad), meta)
-        elif bad:
-            report.resync = list(bad)
-        report.verify_seconds = time.monotonic() - t0
-
-    async def _resync_from_disk(self, addrs: list[str], meta: WeightUpdateMeta) -> None:
-        # a second update to just these servers (out of the pool, so nothing is generating)
-        payload = {"model_path": meta.path, "weight_version": str(meta.version),
-                   "flush_cache": True, "abort_all_requests": True}
-        failed: dict[str, str] = {}
-        await self.weight_sync.fan_out(self._sessions.get(), addrs, "/update_weights_from_disk",
-                                       payload, failed, min(self.config.weight_update_timeout,
-                                                            meta.timeout))
-        self._admit_verified(addrs, meta, {**failed, **await self._check(
-            [a for a in addrs if a not in failed], meta)})
-
-    def _admit_verified(self, addrs: list[str], meta: WeightUpdateMeta, bad: dict[str, str]) -> None:
-        if bad:
-            raise WeightVerificationError(
-                f"weights v{meta.version} still differ from the trainer's after a re-sync: "
-                + "; ".join(f"{a}: {r}" for a, r in bad.items())
-                + " (a server that corrupts or drops updates; the run stops)")
-        for a in addrs:
-            self._quarantined.discard(a)
-            self.pool.mark_healthy(a)
-            logger.warning("server %s re-synced to v%d and verified; back in the pool",
-                           a, meta.version)
 
     def resync_weights(self, meta: WeightUpdateMeta, addrs: list[str]) -> Future:
         """A second broadcast update to just ``addrs`` (``report.resync`` of the update to
         ``meta.version``; the trainer uploads ``meta`` again at the same time, as for any
         update), then verification: they rejoin the pool, or ``WeightVerificationError``."""
         async def go() -> None:
-            report = await self.weight_sync.run(self._sessions.get(), list(addrs), meta)
+            session = self._sessions.get()
+            report = await self.weight_sync.run(session, list(addrs), meta)
             missing = [a for a in addrs if a not in report.updated]
             bad = {a: report.failed.get(a, "not updated") for a in missing}
             if meta.verify and not bad:
-                bad = await self._check(list(addrs), meta)
-            self._admit_verified(list(addrs), meta, bad)
+                bad = await self.verifier.check(session, list(addrs), meta)
+            self.verifier.admit(list(addrs), meta, bad)
 
         return self.loop.run(go())
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Any
 
 import aiohttp
 
-from arealite.api.io_struct import WeightUpdateMeta
+from arealite.api.io_struct import WeightUpdateMeta, WeightUpdateType
 from arealite.utils.http import call_json, describe_error
 from arealite.utils.weight_checksum import HASH_NAME
 
@@ -84,3 +85,58 @@ async def verify(
         return a, None
 
     return {a: r for a, r in await asyncio.gather(*(one(a) for a in addrs)) if r}
+
+
+class WeightVerifier:
+    """What the client does with a mismatch. A server whose checksums differ is taken out of the
+    pool and kept out (``quarantined``: the health probe never re-admits it, since it reports
+    the current version), then re-synced: from disk here, by broadcast through the trainer
+    (``report.resync``, see ``RemoteSGLangEngine.resync_weights``). A verified re-sync brings
+    it back; a second mismatch raises ``WeightVerificationError``: the run stops."""
+
+    def __init__(self, weight_sync: Any, timeout: float, admin_headers: dict[str, str] | None):
+        self.weight_sync, self.timeout, self.headers = weight_sync, timeout, admin_headers
+        self.pool: Any = None  # the engine's ServerRouter, set by its initialize()
+        self.quarantined: set[str] = set()
+
+    async def check(self, session: aiohttp.ClientSession, addrs: list[str],
+                    meta: WeightUpdateMeta) -> dict[str, str]:
+        return await verify(session, addrs, meta, min(self.timeout, meta.timeout), self.headers)
+
+    async def after_update(self, session: aiohttp.ClientSession, report: Any,
+                           meta: WeightUpdateMeta) -> None:
+        t0 = time.monotonic()
+        bad = await self.check(session, report.updated, meta)
+        for a, why in bad.items():
+            self.quarantined.add(a)
+            self.pool.mark_unhealthy(a, f"weights differ from the trainer's after v{meta.version}")
+            logger.error("WEIGHT MISMATCH: server %s does not hold the trainer's weights v%d "
+                         "(%s); taken out of the pool and re-synced", a, meta.version, why)
+        if bad and meta.type == WeightUpdateType.DISK:
+            await self._resync_from_disk(session, list(bad), meta)
+        elif bad:
+            report.resync = list(bad)
+        report.verify_seconds = time.monotonic() - t0
+
+    async def _resync_from_disk(self, session: aiohttp.ClientSession, addrs: list[str],
+                                meta: WeightUpdateMeta) -> None:
+        # a second update to just these servers (out of the pool, so nothing is generating)
+        payload = {"model_path": meta.path, "weight_version": str(meta.version),
+                   "flush_cache": True, "abort_all_requests": True}
+        failed: dict[str, str] = {}
+        await self.weight_sync.fan_out(session, addrs, "/update_weights_from_disk", payload,
+                                       failed, min(self.timeout, meta.timeout))
+        ok = [a for a in addrs if a not in failed]
+        self.admit(addrs, meta, {**failed, **await self.check(session, ok, meta)})
+
+    def admit(self, addrs: list[str], meta: WeightUpdateMeta, bad: dict[str, str]) -> None:
+        if bad:
+            raise WeightVerificationError(
+                f"weights v{meta.version} still differ from the trainer's after a re-sync: "
+                + "; ".join(f"{a}: {r}" for a, r in bad.items())
+                + " (a server that corrupts or drops updates; the run stops)")
+        for a in addrs:
+            self.quarantined.discard(a)
+            self.pool.mark_healthy(a)
+            logger.warning("server %s re-synced to v%d and verified; back in the pool",
+                           a, meta.version)

@@ -9,9 +9,13 @@ Nothing here ever formats a key into a message.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
+
+from arealite.utils.http import TRANSPORT_ERRORS, request_json
 
 API_KEY_ENV = "AREALITE_API_KEY"
 ADMIN_API_KEY_ENV = "AREALITE_ADMIN_API_KEY"
@@ -53,3 +57,21 @@ class ClientKeys:
     def admin_headers(self) -> dict[str, str]:
         key = self.admin_api_key or self.api_key
         return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+async def check_api_key(session: Any, addrs: list[str], timeout: float, keys: ClientKeys) -> None:
+    """Fail at start-up, not at the first rollout, when a server refuses our api key:
+    ``/model_info`` is open without ``--api-key`` and needs it with one (``/health`` is always
+    open, so it cannot tell)."""
+    async def one(a: str) -> str | None:
+        try:
+            res = await request_json(session, "GET", f"http://{a}/model_info",
+                                     timeout=min(10.0, timeout))
+        except TRANSPORT_ERRORS:
+            return None  # reachability is the health probe's business
+        return f"{a} (HTTP 401)" if res.status == 401 else None
+
+    refused = [r for r in await asyncio.gather(*(one(a) for a in addrs)) if r]
+    if refused:
+        what = "was refused" if keys.api_key else "is needed (none was given)"
+        raise PermissionError(f"the servers' api key {what}: {', '.join(refused)}; " + HINT["api"])

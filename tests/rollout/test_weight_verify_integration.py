@@ -89,18 +89,18 @@ def test_corrupted_server_is_resynced_and_readmitted(two_servers, tiny_model_dir
         meta.checksums = expected(state)  # what the trainer publishes before the marker
         meta.write_disk_marker()
         bad = two_servers[1]
-        real = eng._verify_update
+        real = eng.verifier.after_update
 
-        async def corrupted_then_verified(report, m):
+        async def corrupted_then_verified(session, report, m):
             corrupt(bad, "model.norm.weight", state["model.norm.weight"] + 1e-3)
-            await real(report, m)
+            await real(session, report, m)
 
-        eng._verify_update = corrupted_then_verified
+        eng.verifier.after_update = corrupted_then_verified
         with caplog.at_level(logging.WARNING):
             eng.update_weights(meta).result(60)
         assert "WEIGHT MISMATCH" in caplog.text and bad in caplog.text
         assert "re-synced to v1 and verified" in caplog.text
-        assert eng.pool.healthy_addrs() == two_servers and not eng._quarantined
+        assert eng.pool.healthy_addrs() == two_servers and not eng.verifier.quarantined
         got = _post(bad, "/weights_checker", {})["ranks"][0]["checksums"]
         assert got["model.norm.weight"] == meta.checksums["model.norm.weight"][1]
         out = run_all(eng, [request(f"after-{i}", 3) for i in range(4)])
