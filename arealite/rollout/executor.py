@@ -97,6 +97,7 @@ class WorkflowExecutor:
         self._groups = itertools.count()
         self._cond = threading.Condition()
         self._paused = False
+        self._held = False  # drain(): no new episode, running ones go on generating
         self._stale = 0
         self._fail_streak = 0  # episodes failed in a row (reset by any episode that finishes)
         self._last_failure = ""
@@ -173,7 +174,7 @@ class WorkflowExecutor:
     def launch_ready(self) -> None:
         """The loop's step: start every queued episode the gate admits (run on each wake-up)."""
         g = self.gate
-        while not self._paused and not self._lt.stopping:
+        while not self._paused and not self._held and not self._lt.stopping:
             with self._cond:
                 if not self._input:
                     return
@@ -230,6 +231,7 @@ class WorkflowExecutor:
         self._running.pop(key, None)
         if not self._running:
             self._idle.idle()
+            self._cond.notify_all()  # drain() waits for this
 
     def _finish_group(self, group: int | None) -> None:
         with self._cond:
@@ -380,7 +382,8 @@ class WorkflowExecutor:
                 if self.gate.is_stale(r.start_version):
                     self._stale += 1
                     dropped += 1
-                    logger.info("dropped a trajectory started at version %d (stale)", r.start_version)
+                    # counted in rollout/stale each step; one line per drop drowned the console
+                    logger.debug("dropped a trajectory started at version %d (stale)", r.start_version)
                 elif should_accept is not None and not should_accept(r.traj):
                     dropped += 1
                 else:
@@ -418,6 +421,26 @@ class WorkflowExecutor:
 
     def resume(self) -> None:
         self._paused = False
+        self._wake_loop()
+
+    def drain(self, timeout: float | None = None) -> None:
+        """Start no new episode and wait until none is running (unlike ``pause``, running
+        episodes keep generating, so they can finish): the servers then do no training work,
+        e.g. for an evaluation. Their trajectories stay queued for the next batch. ``undrain``
+        ends it (also after a timeout, which raises ``RolloutTimeout``)."""
+        self._held = True
+        deadline = time.monotonic() + (self.default_timeout if timeout is None else timeout)
+        with self._cond:
+            while self._running:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise RolloutTimeout(f"drain: episodes still running after {timeout} s. "
+                                         f"{self._describe()}")
+                self._check_alive()
+                self._cond.wait(min(left, 1.0))
+
+    def undrain(self) -> None:
+        self._held = False
         self._wake_loop()
 
     @property
