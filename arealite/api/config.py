@@ -321,7 +321,7 @@ class EvaluatorConfig(SaverConfig):
     eval_fn: str | None = Field(
         None,
         description="(GRPO) Your evaluation, `module:function`, called as fn(engine, rows) -> dict of "
-        "floats (plus tokenizer=, workflow=, version= when it takes them) on the held-out rows, "
+        "floats (plus tokenizer=, workflow=, version=, config= when it takes them) on the held-out rows, "
         "with no training episode in flight; None: mean greedy reward (eval/accuracy). Its "
         "time is logged as timeperf/eval and not counted in total_train_seconds.",
     )

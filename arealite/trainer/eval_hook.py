@@ -25,7 +25,7 @@ from arealite.api.workflow_factory import import_by_path
 from arealite.trainer.rollout_stats import evaluate
 
 EvalFn = Callable[..., dict[str, float]]
-CONTEXT_ARGS = ("tokenizer", "workflow", "version")
+CONTEXT_ARGS = ("tokenizer", "workflow", "version", "config")
 
 
 def load_eval_fn(path: str | None) -> EvalFn | None:
@@ -35,10 +35,11 @@ def load_eval_fn(path: str | None) -> EvalFn | None:
     fn = import_by_path(path, "evaluator.eval_fn")
     if not callable(fn):
         raise TypeError(f"evaluator.eval_fn {path!r} names {fn!r}, which is not callable")
-    try:
-        inspect.signature(fn).bind(None, [])
+    try:  # the context keywords are passed by name, so only they may be required besides
+        inspect.signature(fn).bind(None, [], **{k: None for k in _context_for(fn, dict.fromkeys(CONTEXT_ARGS))})
     except TypeError as e:
-        raise TypeError(f"evaluator.eval_fn {path!r} must accept (engine, rows): {e}") from None
+        raise TypeError(f"evaluator.eval_fn {path!r} must accept (engine, rows) and, by name, "
+                        f"only {', '.join(CONTEXT_ARGS)}: {e}") from None
     return fn
 
 
@@ -115,4 +116,4 @@ def _evaluate(engine: InferenceEngine, workflow: RolloutWorkflow, rows: list[dic
     out = eval_fn(engine, rows, **_context_for(eval_fn, ctx))
     if not isinstance(out, dict):
         raise TypeError(f"evaluator.eval_fn returned {type(out).__name__}, not a dict")
-        return {k if "/" in k else f"eval/{k}": float(v) for k, v in out.items()}
+    return {k if "/" in k else f"eval/{k}": float(v) for k, v in out.items()}

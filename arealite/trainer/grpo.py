@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def run_eval(version: int) -> dict[str, float]:  # drains the training rollout first
         return run_evaluation(rollout, eval_rollout, eval_workflow, valid_rows, config.evaluator,
-                              eval_fn, {"tokenizer": tokenizer, "version": version}, rank == 0)
+                              eval_fn, {"tokenizer": tokenizer, "version": version, "config": config}, rank == 0)
 
     # Weight updates: a disk folder per version, or one broadcast group for the whole run.
     wu, weights_dir = config.weight_update, config.run_dir("weights")
