@@ -89,10 +89,10 @@ def run_evaluation(
     while the rank with ``evaluate_here`` (rank 0) evaluates."""
     t0 = time.perf_counter()
     executor = getattr(train_rollout, "executor", None)
-    if executor is not None:
-        executor.drain(drain_timeout)
     out: dict[str, float] = {}
     try:
+        if executor is not None:
+            executor.drain(drain_timeout)
         if dist.is_initialized():
             dist.barrier()  # every rank's episodes are done: the servers are quiet
         if evaluate_here:

@@ -1,10 +1,10 @@
 """GRPO: ``torchrun --nproc-per-node K -m arealite.trainer.grpo CONFIG [key=value ...]``.
 
 One step: rollout -> recompute logp -> ref logp -> advantages -> ppo_update -> pause, upload and
-update weights, resume, version + 1 -> save / recovery checkpoint / evaluate / log. The run ends after ``total_train_steps`` or,
-with ``total_train_seconds``, after the step that uses up the budget (evaluations excluded).
-Evaluation (``evaluator.eval_fn`` or mean greedy reward) runs with no training episode in
-flight and is timed as ``timeperf/eval``. Async
+update weights, resume, version + 1 -> save / recovery checkpoint / evaluate / log. The run
+ends after ``total_train_steps`` or, with ``total_train_seconds``, after the step that uses up
+the budget (evaluations excluded). Evaluation (``evaluator.eval_fn`` or mean greedy reward) runs
+with no training episode in flight and is timed as ``timeperf/eval``. Async
 (``prepare_batch``, trajectories at most ``max_head_offpolicyness`` versions old) and sync
 (``rollout_batch``) differ in that one call only. Server addresses come from
 ``rollout.server_addrs`` or ``AREAL_LLM_SERVER_ADDRS`` (the launcher sets it).
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
             rollout.resume()
 
         epoch_done = int((step + 1) % ft.steps_per_epoch == 0)
-        out_of_time = rank0_decides(bool(config.total_train_seconds) and clock.elapsed() >= config.total_train_seconds)
+        out_of_time = bool(config.total_train_seconds) and rank0_decides(clock.elapsed() >= config.total_train_seconds)
         last = step + 1 == total_steps or out_of_time
         if saver.check(epochs=epoch_done, steps=1) or last:
             actor.save(SaveLoadMeta(str(config.run_dir("checkpoints", f"step{step + 1}")), "hf", tokenizer=tokenizer))

@@ -84,3 +84,20 @@ def test_own_task_trains_from_a_folder_outside_the_repo(tmp_path):
     # One line per step from the trainer: no line per weight upload or per stale drop.
     log = (run / "logs" / "trainer.log").read_text()
     assert "uploaded weights" not in log and "dropped a trajectory" not in log
+
+
+@pytest.mark.integration
+def test_time_budget_and_eval_agree_across_two_trainer_ranks(tmp_path):
+    """Rank 0's clock decides when to stop and evaluate, and every rank drains for the
+    evaluation: two ranks neither hang nor part ways."""
+    work = tmp_path / "my_task"
+    shutil.copytree(EXAMPLE, work, ignore=shutil.ignore_patterns("model", "outputs", "__pycache__"))
+    code, out = _arealite(["tiny-model", "--out", "model"], work, 120)
+    assert code == 0, out
+    code, out = _arealite(["train", "own_task.yaml", "total_train_seconds=6", "evaluator.freq_steps=2",
+                           "extra.eval_rows=8", "launcher.trainer_nproc=2", "trial_name=t2"], work, 240)
+    assert code == 0, out[-4000:]
+    rows = [json.loads(line) for line in
+            (work / "outputs" / "own-task" / "t2" / "logs" / "metrics.jsonl").read_text().splitlines()]
+    last = rows[-1]
+    assert last["timeperf/train_elapsed"] >= 6 and "eval/accuracy" in last
