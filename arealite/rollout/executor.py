@@ -424,20 +424,17 @@ class WorkflowExecutor:
         self._wake_loop()
 
     def drain(self, timeout: float | None = None) -> None:
-        """Start no new episode and wait until none is running (unlike ``pause``, running
-        episodes keep generating, so they can finish): the servers then do no training work,
-        e.g. for an evaluation. Their trajectories stay queued for the next batch. ``undrain``
-        ends it (also after a timeout, which raises ``RolloutTimeout``)."""
+        """Start no new episode and wait until none runs: unlike ``pause``, running episodes keep
+        generating and finish (their trajectories stay queued), so the servers end up idle, e.g.
+        for an evaluation. ``undrain`` ends it, also after a drain's ``RolloutTimeout``."""
         self._held = True
         deadline = time.monotonic() + (self.default_timeout if timeout is None else timeout)
         with self._cond:
             while self._running:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise RolloutTimeout(f"drain: episodes still running after {timeout} s. "
-                                         f"{self._describe()}")
+                if time.monotonic() >= deadline:
+                    raise RolloutTimeout(f"drain: episodes still running after {timeout} s. {self._describe()}")
                 self._check_alive()
-                self._cond.wait(min(left, 1.0))
+                self._cond.wait(min(max(deadline - time.monotonic(), 0.01), 1.0))
 
     def undrain(self) -> None:
         self._held = False
