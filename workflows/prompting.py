@@ -69,11 +69,15 @@ def encode_prompt(
     raise ValueError(f"a row needs one of {PROMPT_KEYS}; got keys {sorted(data)}")
 
 
-def with_stop_tokens(gconfig: GenerationHyperparameters, tokenizer: Any) -> GenerationHyperparameters:
-    """One sample per request, and the tokenizer's EOS (and pad) among the stop tokens, so a
-    server without the model's generation config still ends samples at EOS."""
+def with_stop_tokens(gconfig: GenerationHyperparameters, tokenizer: Any,
+                     stop_on_pad: bool = True) -> GenerationHyperparameters:
+    """One sample per request, and the tokenizer's EOS (and, with ``stop_on_pad``, its pad)
+    among the stop tokens, so a server without the model's generation config still ends
+    samples at EOS. Pad stops by default as AReaL's RLVR client sends it (models that pad with
+    an end-of-turn token end there); turn it off when pad is an ordinary token of your model."""
     stops = list(gconfig.stop_token_ids)
-    for tid in (getattr(tokenizer, "eos_token_id", None), getattr(tokenizer, "pad_token_id", None)):
+    pad = getattr(tokenizer, "pad_token_id", None) if stop_on_pad else None
+    for tid in (getattr(tokenizer, "eos_token_id", None), pad):
         if isinstance(tid, int) and tid not in stops:
             stops.append(tid)
     return gconfig.new(n_samples=1, stop_token_ids=stops)

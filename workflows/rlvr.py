@@ -57,7 +57,10 @@ class RLVRWorkflow(RolloutWorkflow):
             draws its prompt again; ``"zero"`` scores that sample 0 and trains on it.
         apply_chat_template / system_prompt / template_kwargs: how rows become prompts
             (``workflows.prompting.encode_prompt``); ``template_kwargs`` reach the template,
-            e.g. ``{"enable_thinking": False}``.
+            e.g. ``{"enable_thinking": False}``. On by default: a ``prompt``/``question`` row
+            becomes one user turn of the tokenizer's chat template; False tokenizes it as is.
+        stop_on_pad: also stop at the tokenizer's pad token (EOS always stops); see
+            ``workflows.prompting.with_stop_tokens``.
         dump_dir: when set, append each sample's text and reward under
             ``dump_dir/<version>/<id>.jsonl``.
     """
@@ -73,6 +76,7 @@ class RLVRWorkflow(RolloutWorkflow):
         apply_chat_template: bool = True,
         system_prompt: str | None = None,
         template_kwargs: dict[str, Any] | None = None,
+        stop_on_pad: bool = True,
         dump_dir: str | None = None,
     ):
         check_reward_fn(reward_fn)
@@ -94,7 +98,7 @@ class RLVRWorkflow(RolloutWorkflow):
         self.system_prompt = system_prompt
         self.template_kwargs = dict(template_kwargs or {})
         self.dump_dir = dump_dir
-        self._sample_gconfig = with_stop_tokens(gconfig, tokenizer)
+        self._sample_gconfig = with_stop_tokens(gconfig, tokenizer, stop_on_pad)
 
     def encode(self, data: dict[str, Any]) -> tuple[list[int], str]:
         return encode_prompt(

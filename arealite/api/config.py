@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class BaseConfig(BaseModel):
@@ -34,7 +34,9 @@ class GenerationHyperparameters(BaseConfig):
     top_k: int = Field(-1, description="Top-k sampling; -1 keeps every token.")
     min_p: float = Field(0.0, ge=0.0, le=1.0, description="Min-p filtering threshold.")
     stop_token_ids: list[int] = Field(
-        default_factory=list, description="Token ids that end a sample besides the model's EOS (none stop under ignore_eos)."
+        default_factory=list,
+        description="Token ids that end a sample besides the model's EOS (none stop under "
+        "ignore_eos); RLVRWorkflow adds the tokenizer's EOS, and pad unless stop_on_pad=false.",
     )
     stop: list[str] | None = Field(None, description="Stop strings (need a server tokenizer).")
     ignore_eos: bool = Field(
@@ -70,6 +72,11 @@ class OptimizerConfig(BaseConfig):
     )
     warmup_steps_proportion: float = Field(
         0.0, ge=0.0, le=1.0, description="Fraction of all optimizer steps spent warming up."
+    )
+    warmup_steps: int | None = Field(
+        None, ge=0,
+        description="Warm-up length in optimizer steps; overrides warmup_steps_proportion. With "
+        "lr_scheduler_type=constant it needs no known run length (time-capped runs).",
     )
     min_lr_ratio: float = Field(
         0.0, ge=0.0, le=1.0, description="Final lr as a fraction of the peak (linear/cosine)."
@@ -237,7 +244,13 @@ class WorkflowConfig(BaseConfig):
         "workflows.rewards.toy:toy_reward", description="Reward function import path."
     )
     kwargs: dict[str, Any] = Field(
-        default_factory=dict, description="Extra keyword arguments for the workflow."
+        default_factory=dict,
+        description="Extra keyword arguments for the workflow. RLVRWorkflow takes "
+        "apply_chat_template (default true: a `prompt`/`question` row becomes one user turn "
+        "of the tokenizer's chat template; false tokenizes it as plain text; rows with "
+        "`input_ids` are used as is), system_prompt, template_kwargs, reward_timeout, "
+        "dump_dir and stop_on_pad (default true: the tokenizer's pad token stops a sample "
+        "besides EOS, as AReaL's RLVR client sends; false when pad is an ordinary token).",
     )
 
 
@@ -326,6 +339,13 @@ class SaverConfig(BaseConfig):
 class EvaluatorConfig(SaverConfig):
     n_samples: int = Field(1, ge=1, description="Samples per held-out prompt.")
     max_prompts: int | None = Field(None, ge=1, description="Cap on held-out prompts per eval.")
+    eval_fn: str | None = Field(
+        None,
+        description="(GRPO) Your evaluation, `module:function`, called as fn(engine, rows) -> dict of "
+        "floats (plus tokenizer=, workflow=, version=, config= when it takes them) on the held-out rows, "
+        "with no training episode in flight; None: mean greedy reward (eval/accuracy). Its "
+        "time is logged as timeperf/eval and not counted in total_train_seconds.",
+    )
 
 
 class RecoverConfig(SaverConfig):
@@ -376,6 +396,26 @@ class BaseExperimentConfig(BaseConfig):
         default_factory=EvaluatorConfig, description="Held-out evaluation.")
     stats_logger: StatsLoggerConfig = Field(
         default_factory=StatsLoggerConfig, description="Console, JSONL, tensorboard logging.")
+    extra_schema: str | None = Field(
+        None,
+        description="Your entry script's options model, `module:PydanticModel`: the loader "
+        "validates `extra` with it (unknown keys and bad values are config errors) and "
+        "`config.extra` is then an instance of it.",
+    )
+    extra: Any = Field(
+        default_factory=dict,
+        description="Your entry script's own options (a mapping; typed by extra_schema). "
+        "Overrides work as for any key: extra.max_eval_rows=50.",
+    )
+
+    @field_validator("extra")
+    @classmethod
+    def _extra_is_mapping(cls, v: Any) -> Any:
+        # Any, not a union: a union's errors name its members, and a BaseModel-typed field
+        # would serialize the user's model as an empty BaseModel in --dry-run.
+        if not isinstance(v, dict | BaseModel):
+            raise ValueError("extra must be a mapping of your script's options")
+        return v
 
     def run_dir(self, *parts: str) -> Path:
         """``{cluster.fileroot}/{experiment_name}/{trial_name}/parts...``: the one place that
@@ -403,6 +443,11 @@ class SFTConfig(BaseExperimentConfig):
 class GRPOConfig(BaseExperimentConfig):
     kind: Literal["grpo"] = Field("grpo", description="Which experiment this file configures.")
     async_training: bool = Field(True, description="prepare_batch (async) or rollout_batch (sync).")
+    total_train_seconds: float | None = Field(
+        None, gt=0,
+        description="Stop after the step that crosses this many seconds of training wall-clock "
+        "time (evaluation excluded); None: no time budget.",
+    )
     actor: PPOActorConfig = Field(
         default_factory=PPOActorConfig, description="The policy and its PPO loss.")
     ref: PPOActorConfig | None = Field(None, description="Frozen reference model (kl_ctl > 0).")
@@ -432,6 +477,16 @@ class GRPOConfig(BaseExperimentConfig):
             )
         if self.actor.kl_ctl > 0 and self.ref is None:
             raise ValueError("actor.kl_ctl > 0 needs a `ref` model")
+        opt = self.actor.optimizer
+        if (self.total_train_seconds and self.total_train_steps is None and opt is not None
+                and opt.lr_scheduler_type != "constant"):
+            # A decay needs the run's length in steps; a time budget does not give one, and
+            # decaying over total_train_epochs would leave the lr near its peak at the cut.
+            raise ValueError(
+                f"total_train_seconds gives no step count for a {opt.lr_scheduler_type} lr "
+                "schedule: use actor.optimizer.lr_scheduler_type=constant (with warmup_steps), "
+                "or set total_train_steps"
+            )
         return self
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import difflib
+import os
+import sys
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -10,6 +12,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from arealite.api.config import CONFIG_CLASSES, BaseExperimentConfig
+from arealite.api.workflow_factory import import_by_path
 
 C = TypeVar("C", bound=BaseModel)
 
@@ -35,11 +38,12 @@ def _fields_at(cls: type[BaseModel], path: list[str]) -> list[str]:
     return list(getattr(model, "model_fields", {}))
 
 
-def _format_validation_error(cls: type[BaseModel], err: ValidationError) -> str:
+def _format_validation_error(cls: type[BaseModel], err: ValidationError, prefix: str = "") -> str:
+    """One line naming every bad key; ``prefix`` is where ``cls`` sits in the whole tree."""
     lines = []
     for e in err.errors():
         loc = [str(x) for x in e["loc"] if not str(x).startswith("function-after")]
-        key = ".".join(loc) or "<root>"
+        key = ".".join([prefix, *loc] if prefix else loc) or "<root>"
         if e["type"] == "extra_forbidden":
             valid = _fields_at(cls, loc[:-1])
             close = difflib.get_close_matches(loc[-1], valid, n=3, cutoff=0.5)
@@ -95,9 +99,40 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 
 def build_config(cls: type[C], data: dict[str, Any]) -> C:
     try:
-        return cls.model_validate(data)
+        config = cls.model_validate(data)
     except ValidationError as e:
         raise ConfigError(_format_validation_error(cls, e)) from None
+    schema = getattr(config, "extra_schema", None)
+    if schema:
+        config.extra = validate_extra(schema, config.extra)
+    return config
+
+
+def validate_extra(schema_path: str, extra: Any) -> BaseModel:
+    """``extra`` checked by the user's model ``module:Class``, imported with the current folder
+    on ``sys.path`` as ``torchrun -m`` has it, so the launcher and the trainer agree."""
+    if isinstance(extra, BaseModel):
+        extra = extra.model_dump()
+    if not isinstance(extra, dict):
+        raise ConfigError(f"'extra' must be a mapping, got {type(extra).__name__}")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        model = import_by_path(schema_path, "extra_schema")
+    except ImportError as e:
+        raise ConfigError(str(e)) from None
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        raise ConfigError(f"extra_schema {schema_path!r} names {model!r}, not a pydantic model")
+    if model.model_config.get("extra") != "allow":  # pydantic's default ignores unknown keys
+        for key in extra:
+            if key not in model.model_fields:
+                close = difflib.get_close_matches(key, list(model.model_fields), n=3, cutoff=0.5)
+                hint = f" (did you mean: {', '.join(close)}?)" if close else ""
+                raise ConfigError(f"unknown key 'extra.{key}'{hint}")
+    try:
+        return model.model_validate(extra)
+    except ValidationError as e:
+        raise ConfigError(_format_validation_error(model, e, prefix="extra")) from None
 
 
 def load_config(

@@ -236,6 +236,7 @@ class FinetuneSpec:
     total_train_epochs: int
     dataset_size: int
     train_batch_size: int
+    max_train_steps: int | None = None  # a run's ``total_train_steps`` cap: the lr schedule ends there
 
     @property
     def steps_per_epoch(self) -> int:
@@ -243,7 +244,8 @@ class FinetuneSpec:
 
     @property
     def total_train_steps(self) -> int:
-        return self.total_train_epochs * self.steps_per_epoch
+        steps = self.total_train_epochs * self.steps_per_epoch
+        return min(steps, self.max_train_steps) if self.max_train_steps else steps
 
 
 @dataclass

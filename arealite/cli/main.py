@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from arealite.api.config_loader import ConfigError, load_config, to_yaml
 
@@ -45,6 +46,16 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from arealite.launcher.local import main as launch
 
     return launch([args.config, *args.overrides] + (["--dry-run"] if args.dry_run else []))
+
+
+def _cmd_plot(args: argparse.Namespace) -> int:
+    from arealite.utils.stats_logger import plot_metrics
+
+    if not Path(args.metrics).is_file():
+        print(f"arealite: no metrics file at {args.metrics}", file=sys.stderr)
+        return 2
+    print(plot_metrics(args.metrics, args.out, keys=args.keys, title=args.metrics))
+    return 0
 
 
 def _cmd_main_job(args: argparse.Namespace) -> int:
@@ -89,6 +100,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("overrides", nargs="*")
     r.add_argument("--dry-run", action="store_true", help="print config and commands only")
     r.set_defaults(fn=_cmd_train)
+
+    g = sub.add_parser("plot", help="draw metrics (default: reward, eval/accuracy) against step")
+    g.add_argument("metrics", help="a run's logs/metrics.jsonl")
+    g.add_argument("--out", required=True, help="PNG file to write")
+    g.add_argument("--keys", nargs="+", default=["reward", "eval/accuracy"])
+    g.set_defaults(fn=_cmd_plot)
 
     m = sub.add_parser("main-job", help="the main job (`make run`): SFT warm start + async GRPO")
     m.add_argument("overrides", nargs="*")

@@ -62,6 +62,7 @@ from arealite.utils.fsdp import (
     to_dtype,
 )
 from arealite.utils.functional import gather_logprobs
+from arealite.utils.timing import timer
 
 logger = logging.getLogger("arealite.engine.fsdp")
 
@@ -185,7 +186,7 @@ class FSDPEngine(TrainEngine):
         total = ft_spec.total_train_steps if ft_spec is not None else 1
         kind = oc.lr_scheduler_type if ft_spec is not None else "constant"
         self.lr_scheduler = make_lr_scheduler(
-            self.optimizer, kind, total, oc.warmup_steps_proportion, oc.min_lr_ratio
+            self.optimizer, kind, total, oc.warmup_steps_proportion, oc.min_lr_ratio, oc.warmup_steps
         )
 
     def destroy(self) -> None:
@@ -327,16 +328,18 @@ class FSDPEngine(TrainEngine):
         """Disk: HF files at ``meta.path`` then the ready marker. Distributed: broadcast the
         buckets of ``meta.param_specs`` over the weight-update group. Collective."""
         model = self._check_ready()
-        if meta.type == WeightUpdateType.DISK:
-            sd = ckpt.save_hf(model, meta.path)
-            if self.is_rank0:
-                if meta.verify:  # before the marker: the client reads them once it sees it
-                    meta.checksums = disk_checksums(model, sd, meta.checksum_dtype)
-                meta.write_disk_marker()
-            dist.barrier(group=self.dp_group)
-            return
-        secs = self._uploader.upload(model, meta, self.is_rank0)
-        logger.info("uploaded weights v%d by broadcast in %.3f s", meta.version, secs)
+        # Summarised per step as timeperf/weight_upload; an info line per step drowned the console.
+        with timer("weight_upload"):
+            if meta.type == WeightUpdateType.DISK:
+                sd = ckpt.save_hf(model, meta.path)
+                if self.is_rank0:
+                    if meta.verify:  # before the marker: the client reads them once it sees it
+                        meta.checksums = disk_checksums(model, sd, meta.checksum_dtype)
+                    meta.write_disk_marker()
+                dist.barrier(group=self.dp_group)
+                return
+            secs = self._uploader.upload(model, meta, self.is_rank0)
+        logger.debug("uploaded weights v%d by broadcast in %.3f s", meta.version, secs)
 
     # ------------------------------------------------------------------ checkpoints
 

@@ -29,6 +29,7 @@ from arealite.api.config import BaseExperimentConfig, GRPOConfig
 from arealite.api.config_loader import ConfigError, load_config, to_yaml
 from arealite.launcher import plan
 from arealite.launcher.plan import LaunchError, ProcSpec
+from arealite.launcher.preflight import check_modules
 from arealite.launcher.supervisor import Console, ManagedProcess, stop_all
 from arealite.utils.network import find_free_port, find_free_ports
 from arealite.utils.recover import find_latest, recover_root
@@ -264,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(args.config, args.overrides)
         launcher = LocalLauncher(cfg, args.config, list(args.overrides))
+        if launcher.mode() != "server_only":
+            check_modules(cfg, args.config)  # one line now, not torchrun's traceback later
         if args.dry_run:
             sys.stdout.write(dry_run(launcher))
             return 0

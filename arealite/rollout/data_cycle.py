@@ -116,3 +116,32 @@ class DataCycle:
         self.epoch = epoch
         self._replay = deque(state.get("replay", []))
         self._loader = self._it = None
+
+
+class ExecutorDataState:
+    """``WorkflowExecutor``'s side of recovery: which dataloader rows are in flight, and the
+    data state a checkpoint saves (mixed into the executor, whose queues it reads under its
+    condition lock)."""
+
+    def _taken_rows(self) -> list[Any]:
+        with self._cond:  # one snapshot: an item moves between these under this lock
+            return ([r.data for r in self._results if r.group is None]
+                    + [p.data for p in self._running.values() if p.group is None]
+                    + [p.data for p in self._input if p.group is None])
+
+    def inflight_data(self) -> list[Any]:
+        """Rows that ``prepare_batch`` took from its dataloader and that no returned batch has
+        held yet: finished but unconsumed, running, queued, and restored rows not resubmitted
+        yet. The dataloader's state is already past them, so a recovery checkpoint saves them
+        (``rollout_batch``'s own episodes are never in flight between calls)."""
+        return self._taken_rows() + self._data.replay_rows()
+
+    def data_state(self) -> dict[str, Any]:
+        """``prepare_batch``'s position beyond the dataloader's own state: the epoch and the
+        in-flight rows (resubmitted first after ``load_data_state``). Call it from the trainer
+        thread between batches, together with ``dataloader.state_dict()``."""
+        return self._data.state_dict(self._taken_rows())
+
+    def load_data_state(self, state: dict[str, Any]) -> None:
+        """Restore ``data_state()`` (with the dataloader's state) before the first batch."""
+        self._data.load_state_dict(state)

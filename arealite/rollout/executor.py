@@ -44,7 +44,7 @@ from arealite.api.config import InferenceEngineConfig
 from arealite.api.io_struct import RolloutStat, VersionClock
 from arealite.api.trajectory import TensorDict, check_trajectory, concat_padded_tensors
 from arealite.api.workflow_api import RolloutWorkflow
-from arealite.rollout.data_cycle import DataCycle
+from arealite.rollout.data_cycle import DataCycle, ExecutorDataState
 from arealite.rollout.errors import RolloutFailing, RolloutQueueFull, RolloutTimeout
 from arealite.rollout.idle import IdleMeter
 from arealite.rollout.loop_thread import LoopThread
@@ -70,7 +70,7 @@ class _Result:
     attempts: int = 0
 
 
-class WorkflowExecutor:
+class WorkflowExecutor(ExecutorDataState):
     def __init__(
         self, config: InferenceEngineConfig, engine: Any, loop: LoopThread | None = None,
         clock: VersionClock | None = None,
@@ -88,6 +88,7 @@ class WorkflowExecutor:
         self._groups = itertools.count()
         self._cond = threading.Condition()
         self._paused = False
+        self._held = False  # drain(): no new episode, running ones go on generating
         self._stale = 0
         self.episode_retries = config.episode_retries
         self._fail_streak = 0  # episodes failed in a row (reset by any episode that finishes)
@@ -165,7 +166,7 @@ class WorkflowExecutor:
     def launch_ready(self) -> None:
         """The loop's step: start every queued episode the gate admits (run on each wake-up)."""
         g = self.gate
-        while not self._paused and not self._lt.stopping:
+        while not self._paused and not self._held and not self._lt.stopping:
             with self._cond:
                 if not self._input:
                     return
@@ -225,6 +226,7 @@ class WorkflowExecutor:
         self._running.pop(key, None)
         if not self._running:
             self._idle.idle()
+            self._cond.notify_all()  # drain() waits for this
 
     def _finish_group(self, group: int | None) -> None:
         with self._cond:
@@ -375,7 +377,8 @@ class WorkflowExecutor:
                 if self.gate.is_stale(r.start_version):
                     self._stale += 1
                     dropped += 1
-                    logger.info("dropped a trajectory started at version %d (stale)", r.start_version)
+                    # counted in rollout/stale each step; one line per drop drowned the console
+                    logger.debug("dropped a trajectory started at version %d (stale)", r.start_version)
                     if r.group is None:  # its prompt is drawn again: stale costs time, not data
                         with self._cond:
                             self._data.redraw(r.data, r.attempts, self.episode_retries)
@@ -418,6 +421,23 @@ class WorkflowExecutor:
         self._paused = False
         self._wake_loop()
 
+    def drain(self, timeout: float | None = None) -> None:
+        """Start no new episode and wait until none runs: unlike ``pause``, running episodes keep
+        generating and finish (their trajectories stay queued), so the servers end up idle, e.g.
+        for an evaluation. ``undrain`` ends it, also after a drain's ``RolloutTimeout``."""
+        self._held = True
+        deadline = time.monotonic() + (self.default_timeout if timeout is None else timeout)
+        with self._cond:
+            while self._running:
+                if time.monotonic() >= deadline:
+                    raise RolloutTimeout(f"drain: episodes still running after {timeout} s. {self._describe()}")
+                self._check_alive()
+                self._cond.wait(min(max(deadline - time.monotonic(), 0.01), 1.0))
+
+    def undrain(self) -> None:
+        self._held = False
+        self._wake_loop()
+
     @property
     def paused(self) -> bool:
         return self._paused
@@ -444,31 +464,6 @@ class WorkflowExecutor:
 
     def stat(self) -> RolloutStat:
         return self.gate.stat()
-
-    # ------------------------------------------------------------------ recovery
-
-    def _taken_rows(self) -> list[Any]:
-        with self._cond:  # one snapshot: an item moves between these under this lock
-            return ([r.data for r in self._results if r.group is None]
-                    + [p.data for p in self._running.values() if p.group is None]
-                    + [p.data for p in self._input if p.group is None])
-
-    def inflight_data(self) -> list[Any]:
-        """Rows that ``prepare_batch`` took from its dataloader and that no returned batch has
-        held yet: finished but unconsumed, running, queued, and restored rows not resubmitted
-        yet. The dataloader's state is already past them, so a recovery checkpoint saves them
-        (``rollout_batch``'s own episodes are never in flight between calls)."""
-        return self._taken_rows() + self._data.replay_rows()
-
-    def data_state(self) -> dict[str, Any]:
-        """``prepare_batch``'s position beyond the dataloader's own state: the epoch and the
-        in-flight rows (resubmitted first after ``load_data_state``). Call it from the trainer
-        thread between batches, together with ``dataloader.state_dict()``."""
-        return self._data.state_dict(self._taken_rows())
-
-    def load_data_state(self, state: dict[str, Any]) -> None:
-        """Restore ``data_state()`` (with the dataloader's state) before the first batch."""
-        self._data.load_state_dict(state)
 
     def counters(self) -> dict[str, int]:
         s = self.gate.stat()

@@ -92,3 +92,13 @@ def push_weights(
     if dist.is_initialized():
         dist.barrier()
     rollout.set_version(meta.version)  # the rank's one clock, shared with the actor
+
+
+def rank0_decides(flag: bool) -> bool:
+    """Rank 0's ``flag`` on every rank: decisions from a clock (time budget, eval every N
+    seconds) must agree, or ranks part ways at the next collective and hang."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return flag
+    box = [flag]
+    dist.broadcast_object_list(box, src=0)
+    return bool(box[0])

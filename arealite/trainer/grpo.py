@@ -1,7 +1,10 @@
 """GRPO: ``torchrun --nproc-per-node K -m arealite.trainer.grpo CONFIG [key=value ...]``.
 
 One step: rollout -> recompute logp -> ref logp -> advantages -> ppo_update -> pause, upload and
-update weights, resume, version + 1 -> save / recovery checkpoint / evaluate / log. Async
+update weights, resume, version + 1 -> save / recovery checkpoint / evaluate / log. The run
+ends after ``total_train_steps`` or, with ``total_train_seconds``, after the step that uses up
+the budget (evaluations excluded). Evaluation (``evaluator.eval_fn`` or mean greedy reward) runs
+with no training episode in flight and is timed as ``timeperf/eval``. Async
 (``prepare_batch``, trajectories at most ``max_head_offpolicyness`` versions old) and sync
 (``rollout_batch``) differ in that one call only. Server addresses come from
 ``rollout.server_addrs`` or ``AREAL_LLM_SERVER_ADDRS`` (the launcher sets it).
@@ -27,10 +30,12 @@ from arealite.trainer.common import (
     dist_info,
     load_tokenizer,
     push_weights,
+    rank0_decides,
     setup_logging,
     weight_meta,
 )
-from arealite.trainer.rollout_stats import batch_rollout_stats, evaluate
+from arealite.trainer.eval_hook import TrainClock, load_eval_fn, run_evaluation
+from arealite.trainer.rollout_stats import batch_rollout_stats
 from arealite.trainer.sample_log import SampleIdLog
 from arealite.utils import recover as rec
 from arealite.utils import stats_tracker
@@ -50,8 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     train_rows = load_rows(config.train_dataset)
     valid_rows = load_rows(config.valid_dataset) if config.valid_dataset else []
     loader = create_dataloader(train_rows, config.train_dataset, config.seed, rank, world)
-    ft = FinetuneSpec(config.total_train_epochs, len(train_rows), config.train_dataset.batch_size)
-    total_steps = min(ft.total_train_steps, config.total_train_steps or ft.total_train_steps)
+    ft = FinetuneSpec(config.total_train_epochs, len(train_rows), config.train_dataset.batch_size,
+                      config.total_train_steps)
+    total_steps = ft.total_train_steps  # also the lr schedule's length
 
     # Engines: the rollout client (staleness-gated), an evaluation client (no gate), the actor.
     # One version clock per rank: the rollout client's, shared by the other two.
@@ -67,6 +73,11 @@ def main(argv: list[str] | None = None) -> int:
     workflow = build_workflow(config.workflow, config.gconfig, tokenizer)
     eval_gconfig = config.eval_gconfig or config.gconfig.new(n_samples=1, greedy=True, temperature=0.0)
     eval_workflow = build_workflow(config.workflow, eval_gconfig, tokenizer)
+    eval_fn = load_eval_fn(config.evaluator.eval_fn)
+
+    def run_eval(version: int) -> dict[str, float]:  # drains the training rollout first
+        return run_evaluation(rollout, eval_rollout, eval_workflow, valid_rows, config.evaluator,
+                              eval_fn, {"tokenizer": tokenizer, "version": version, "config": config}, rank == 0)
 
     # Weight updates: a disk folder per version, or one broadcast group for the whole run.
     wu, weights_dir = config.weight_update, config.run_dir("weights")
@@ -101,8 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     logger = StatsLogger(config.stats_logger, config.run_dir("logs"), total_steps=total_steps,
                          start_step=start_step if info else None)
     ids_log = SampleIdLog(config.run_dir("logs"), start_step if info else None, rank)
-    if valid_rows and info is None and rank == 0:
-        logger.commit(0, evaluate(eval_rollout, eval_workflow, valid_rows, config.evaluator))
+    if valid_rows and info is None:
+        logger.commit(0, run_eval(version))
+    # Training time only (evaluations excluded), carried over a restart for total_train_seconds.
+    clock = TrainClock(info.extra.get("train_seconds", 0.0) if info else 0.0)
     rollout.idle_stats()  # rollout/idle_ratio (no episode in flight): the first window opens here
     for step in range(start_step, total_steps):
         epoch = step // ft.steps_per_epoch
@@ -127,12 +140,16 @@ def main(argv: list[str] | None = None) -> int:
             rollout.resume()
 
         epoch_done = int((step + 1) % ft.steps_per_epoch == 0)
-        if saver.check(epochs=epoch_done, steps=1) or step + 1 == total_steps:
+        out_of_time = bool(config.total_train_seconds) and rank0_decides(clock.elapsed() >= config.total_train_seconds)
+        last = step + 1 == total_steps or out_of_time
+        if saver.check(epochs=epoch_done, steps=1) or last:
             actor.save(SaveLoadMeta(str(config.run_dir("checkpoints", f"step{step + 1}")), "hf", tokenizer=tokenizer))
         stats.update(batch_rollout_stats(batch, rollout, version, time.perf_counter() - t0))
         stats.update(rollout.idle_stats())
-        if valid_rows and rank == 0 and (evaluator.check(steps=1) or step + 1 == total_steps):
-            stats.update(evaluate(eval_rollout, eval_workflow, valid_rows, config.evaluator))
+        stats["timeperf/train_elapsed"] = clock.elapsed()
+        if valid_rows and rank0_decides(evaluator.check(steps=1) or last):
+            with clock.paused():
+                stats.update(run_eval(version))
         stats.update(stats_tracker.export())
         ids_log.record(step + 1, batch.get("sample_ids"))
         logger.commit(step + 1, stats)
@@ -141,8 +158,10 @@ def main(argv: list[str] | None = None) -> int:
             info = rec.RecoverInfo(step=step, epoch=epoch, epoch_step=step % ft.steps_per_epoch, version=version,
                                    dataloader_state=loader.state_dict(), saver_state=saver.state_dict(),
                                    evaluator_state=evaluator.state_dict(), checkpointer_state=checkpointer.state_dict(),
-                                   extra={"data": data_state()})
+                                   extra={"data": data_state(), "train_seconds": clock.elapsed()})
             rec.save_checkpoint(rec.recover_root(config), info, lambda d: actor.save(SaveLoadMeta(str(d), "dcp", with_optim=True)))
+        if out_of_time:
+            break
 
     logger.close()
     for engine in (rollout, eval_rollout, actor):

@@ -182,8 +182,10 @@ def make_lr_scheduler(
     total_steps: int,
     warmup_proportion: float,
     min_lr_ratio: float,
+    warmup_steps: int | None = None,
 ) -> torch.optim.lr_scheduler.LambdaLR:
-    warmup = int(warmup_proportion * total_steps)
+    """``warmup_steps`` (absolute) wins over ``warmup_proportion`` of ``total_steps``."""
+    warmup = int(warmup_proportion * total_steps) if warmup_steps is None else warmup_steps
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, WarmupDecay(kind, total_steps, warmup, min_lr_ratio)
     )

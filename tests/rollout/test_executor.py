@@ -313,3 +313,46 @@ def test_data_state_keeps_rows_waiting_to_be_drawn_again():
     cycle.redraw({"id": 4}, attempts=2, limit=2)  # out of attempts: dropped, not kept
     assert cycle.state_dict(inflight=[{"id": 9}])["replay"] == [{"id": 9}, {"id": 3}]
     assert (cycle.redrawn, cycle.dropped) == (1, 1)
+
+
+def test_stale_drops_are_counted_and_logged_at_debug_only(executors, caplog):
+    """#28: one info line per stale drop drowned the console; the count is in the stats."""
+    ex = executors(b=2, eta=0)
+    wf = EchoWorkflow()
+    for i in range(2):
+        ex.submit({"id": i}, wf)
+    settle(ex, lambda c: c["accepted"] == 2)
+    ex.set_version(1)
+    with caplog.at_level(logging.INFO, logger="arealite.rollout.executor"):
+        with pytest.raises(RolloutTimeout):
+            ex.wait(2, timeout=0.3)
+    assert ex.counters()["stale"] == 2
+    assert not [r for r in caplog.records if "stale" in r.getMessage()]
+
+
+def test_drain_lets_running_episodes_finish_and_starts_no_new_one(executors):
+    """#28: evaluation needs the servers free of training work: drain waits for the episodes in
+    flight (pause would freeze them) and launches nothing until undrain."""
+    ex = executors(b=2, eta=3, m=2)
+    wf = EchoWorkflow(delay=0.3)
+    for i in range(4):
+        ex.submit({"id": i}, wf)
+    settle(ex, lambda c: c["running"] == 2, timeout=2)
+    t0 = time.monotonic()
+    ex.drain(timeout=5)
+    assert time.monotonic() - t0 > 0.1  # it waited for the two running episodes
+    c = ex.counters()
+    assert c["running"] == 0 and c["accepted"] == 2 and c["pending"] == 2
+    time.sleep(0.2)
+    assert ex.counters()["running"] == 0 and sorted(wf.seen) == [0, 1]
+    ex.undrain()
+    assert ex.wait(4, timeout=5)["input_ids"].shape[0] == 4
+
+
+def test_drain_times_out_with_the_counters(executors):
+    ex = executors(b=1, eta=0)
+    ex.submit({"id": 0}, EchoWorkflow(delay=2.0))
+    settle(ex, lambda c: c["running"] == 1, timeout=2)
+    with pytest.raises(RolloutTimeout, match="drain"):
+        ex.drain(timeout=0.2)
+    ex.undrain()

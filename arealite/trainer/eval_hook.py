@@ -1,0 +1,119 @@
+"""Held-out evaluation of the RL entry scripts: the user's function (``evaluator.eval_fn``) or
+the default mean greedy reward, run while no training episode is in flight and timed apart.
+
+Why quiescent: an evaluation that shares the servers with running training episodes measures a
+busy pool and slows both; ``drain`` lets the running episodes finish (their trajectories stay
+queued for the next batch) and starts no new one until the evaluation is over. Its seconds go to
+``timeperf/eval`` and are excluded from the training clock (``TrainClock``), so wall-clock
+comparisons and ``total_train_seconds`` count training only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch.distributed as dist
+
+from arealite.api.config import EvaluatorConfig
+from arealite.api.engine_api import InferenceEngine
+from arealite.api.workflow_api import RolloutWorkflow
+from arealite.api.workflow_factory import import_by_path
+from arealite.trainer.rollout_stats import evaluate
+
+EvalFn = Callable[..., dict[str, float]]
+CONTEXT_ARGS = ("tokenizer", "workflow", "version", "config")
+
+
+def load_eval_fn(path: str | None) -> EvalFn | None:
+    """``module:function`` -> the function (checked to take ``(engine, rows)``); None -> None."""
+    if not path:
+        return None
+    fn = import_by_path(path, "evaluator.eval_fn")
+    if not callable(fn):
+        raise TypeError(f"evaluator.eval_fn {path!r} names {fn!r}, which is not callable")
+    try:  # the context keywords are passed by name, so only they may be required besides
+        inspect.signature(fn).bind(None, [], **{k: None for k in _context_for(fn, dict.fromkeys(CONTEXT_ARGS))})
+    except TypeError as e:
+        raise TypeError(f"evaluator.eval_fn {path!r} must accept (engine, rows) and, by name, "
+                        f"only {', '.join(CONTEXT_ARGS)}: {e}") from None
+    return fn
+
+
+def _context_for(fn: EvalFn, context: dict[str, Any]) -> dict[str, Any]:
+    """The context keywords ``fn`` declares (all of them when it takes ``**kwargs``)."""
+    params = inspect.signature(fn).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return dict(context)
+    return {k: v for k, v in context.items() if k in params}
+
+
+class TrainClock:
+    """Training wall-clock time: ``already`` (seconds before a restart) plus the seconds since
+    construction, minus those spent in ``paused`` blocks (evaluations)."""
+
+    def __init__(self, already: float = 0.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._t0 = clock() - float(already)
+        self._excluded = 0.0
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        t = self._clock()
+        try:
+            yield
+        finally:
+            self._excluded += self._clock() - t
+
+    def elapsed(self) -> float:
+        return self._clock() - self._t0 - self._excluded
+
+
+def run_evaluation(
+    train_rollout: Any,
+    engine: InferenceEngine,
+    workflow: RolloutWorkflow,
+    rows: list[dict[str, Any]],
+    config: EvaluatorConfig,
+    eval_fn: EvalFn | None = None,
+    context: dict[str, Any] | None = None,
+    evaluate_here: bool = True,
+    drain_timeout: float | None = None,
+) -> dict[str, float]:
+    """Drain the training rollout (no episode in flight), evaluate, start it again; returns the
+    evaluation's stats plus ``timeperf/eval`` (drain included: it is time not spent training).
+    Collective when torch.distributed is up: every rank drains its own episodes and waits
+    while the rank with ``evaluate_here`` (rank 0) evaluates."""
+    t0 = time.perf_counter()
+    executor = getattr(train_rollout, "executor", None)
+    out: dict[str, float] = {}
+    try:
+        if executor is not None:
+            executor.drain(drain_timeout)
+        if dist.is_initialized():
+            dist.barrier()  # every rank's episodes are done: the servers are quiet
+        if evaluate_here:
+            out = _evaluate(engine, workflow, rows, config, eval_fn, context)
+        if dist.is_initialized():
+            dist.barrier()
+    finally:
+        if executor is not None:
+            executor.undrain()
+    out["timeperf/eval"] = time.perf_counter() - t0
+    return out
+
+
+def _evaluate(engine: InferenceEngine, workflow: RolloutWorkflow, rows: list[dict[str, Any]],
+              config: EvaluatorConfig, eval_fn: EvalFn | None, context: dict[str, Any] | None,
+              ) -> dict[str, float]:
+    rows = rows[: config.max_prompts] if config.max_prompts else rows
+    if eval_fn is None:
+        return evaluate(engine, workflow, rows, config)
+    ctx = {"workflow": workflow, **(context or {})}
+    out = eval_fn(engine, rows, **_context_for(eval_fn, ctx))
+    if not isinstance(out, dict):
+        raise TypeError(f"evaluator.eval_fn returned {type(out).__name__}, not a dict")
+    return {k if "/" in k else f"eval/{k}": float(v) for k, v in out.items()}
