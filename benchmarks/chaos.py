@@ -188,11 +188,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="12 steps, async only")
     p.add_argument("--scenarios", default=",".join(SCENARIOS))
     p.add_argument("--json", default=None)
+    p.add_argument("--root", default=None, help="work folder (default: a new temporary one)")
     args = p.parse_args(argv)
     from arealite.dataset.toy_math import write_toy_math
     from arealite.models.tiny import build_tiny_model
 
-    root = Path(tempfile.mkdtemp(prefix="chaos_"))
+    root = Path(args.root) if args.root else Path(tempfile.mkdtemp(prefix="chaos_"))
     model = build_tiny_model(root / "model")
     write_toy_math(root / "data", n_train=400, n_valid=4, seed=0)
     steps = 12 if args.quick else 16

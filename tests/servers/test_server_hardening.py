@@ -10,11 +10,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
+from tests.servers.http_calls import post
+
 pytestmark = pytest.mark.integration
 
-
-def post(server, path, body=None, **kw):
-    return requests.post(f"{server}{path}", json=body, timeout=120, **kw)
 
 
 @pytest.mark.parametrize("sp,fragment", [

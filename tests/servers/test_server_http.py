@@ -10,17 +10,11 @@ import pytest
 import requests
 import torch
 
+from tests.servers.http_calls import gen, post
+
 pytestmark = pytest.mark.integration
 
 
-def post(server, path, body=None, **kw):
-    return requests.post(f"{server}{path}", json=body, timeout=60, **kw)
-
-
-def gen(server, body):
-    r = post(server, "/generate", body)
-    assert r.status_code == 200, r.text
-    return r.json()
 
 
 def test_generate_validates_against_sglang_contract(server, api_types):
