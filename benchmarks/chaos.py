@@ -206,8 +206,10 @@ def main(argv: list[str] | None = None) -> int:
         over = [*small_run(model, root / "data", steps, epochs=1), "launcher.n_servers=2",
                 "launcher.max_server_failures=1", "rollout.max_concurrent_rollouts=8",
                 "weight_update.type=distributed", "recover.mode=auto", "recover.freq_steps=2",
-                # small buckets: an update takes long enough to be caught inside (mid-update)
-                "weight_update.bucket_size_mb=0.05",
+                # small buckets: an update takes long enough to be caught inside (mid-update);
+                # a bounded update: killed at the wrong moment, a broadcast waits out its timeout
+                "weight_update.bucket_size_mb=0.05", "weight_update.timeout=20",
+                "rollout.weight_update_timeout=20",
                 *extra]
         base = run_one(None, config, root / mode, over, steps)
         rows = [base]
