@@ -208,8 +208,8 @@ def main(argv: list[str] | None = None) -> int:
                 "weight_update.type=distributed", "recover.mode=auto", "recover.freq_steps=2",
                 # small buckets: an update takes long enough to be caught inside (mid-update);
                 # a bounded update: killed at the wrong moment, a broadcast waits out its timeout
-                "weight_update.bucket_size_mb=0.05", "weight_update.timeout=20",
-                "rollout.weight_update_timeout=20",
+                "weight_update.bucket_size_mb=0.05", "weight_update.timeout=60",
+                "rollout.weight_update_timeout=60",
                 *extra]
         base = run_one(None, config, root / mode, over, steps)
         rows = [base]
