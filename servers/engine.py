@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from servers.metrics import E2E_BUCKETS, TTFT_BUCKETS, LatencyHistogram
 from servers.model_runner import ModelRunner
 from servers.request import compile_stop_regex
 from servers.sampling import BatchSampling, apply_penalties, sample
@@ -68,6 +69,8 @@ class Engine:
             "forward_passes_total": 0, "weight_updates_total": 0, "weight_load_seconds_sum": 0.0,
         }
         self._recent: deque[tuple[float, int]] = deque(maxlen=256)  # (time, tokens) per step
+        self.ttft_hist = LatencyHistogram(TTFT_BUCKETS)  # /metrics; one observe per request
+        self.e2e_hist = LatencyHistogram(E2E_BUCKETS)
         self._batch_key: tuple = ()
         self._batch: BatchSampling | None = None
         self.last_step_time = time.time()
@@ -439,6 +442,9 @@ class Engine:
         if not s.internal:
             self.stats["e2e_latency_sum"] += s.finished_time - s.created
             self.stats["e2e_latency_count"] += 1
+            self.e2e_hist.observe(s.finished_time - s.created)
+            if s.first_token_time is not None:
+                self.ttft_hist.observe(s.first_token_time - s.created)
         if s.on_event is not None:
             s.on_event(s, len(s.output_ids), True)
 

@@ -10,6 +10,7 @@
   ``/workers/{url}``) servers; the legacy ``/add_worker?url=``, ``/remove_worker?url=`` and
   ``/list_workers`` of sglang-router also work.
 - ``/health`` reports ``{"healthy": h, "total": n}`` (503 when none is healthy).
+- ``/metrics``: Prometheus text of its workers' health and the calls it routed (``servers.gateway_metrics``).
 - Keys (``--api-key`` / ``--admin-api-key``, or ``AREALITE_API_KEY`` / ``AREALITE_ADMIN_API_KEY``)
   guard the gateway's own routes with the servers' rules (``servers.auth``): admin endpoints and
   worker-list changes (``POST /workers``, ``DELETE /workers/...``, ``/add_worker``,
@@ -39,6 +40,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from servers import openapi_schema
 from servers.auth import ADMIN_PATHS, ApiKeyMiddleware
+from servers.gateway_metrics import gateway_registry
+from servers.metrics import CONTENT_TYPE, render_metrics
 from servers.server_args import ADMIN_API_KEY_ENV, API_KEY_ENV
 
 logger = logging.getLogger(__name__)
@@ -81,6 +84,8 @@ class Worker:
     url: str
     healthy: bool = True
     failures: int = 0
+    sent: int = 0  # /generate calls proxied to it (/metrics)
+    unreachable: int = 0
 
     def as_dict(self) -> dict:
         return {"id": self.url, "url": self.url, "is_healthy": self.healthy,
@@ -100,6 +105,8 @@ class Gateway:
         self.failure_threshold = failure_threshold
         self.request_timeout = request_timeout
         self._rr = itertools.count()
+        self.no_worker = 0  # /generate answered 503 (/metrics)
+        self.fanouts: dict[str, int] = {}
         self.session: aiohttp.ClientSession | None = None
 
     def add(self, url: str) -> Worker:
@@ -165,6 +172,12 @@ def create_app(gw: Gateway) -> FastAPI:
         h = len(gw.healthy())
         return JSONResponse({"healthy": h, "total": len(gw.workers)}, status_code=200 if h else 503)
 
+    registry = gateway_registry(gw)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(render_metrics(registry), media_type=CONTENT_TYPE)
+
     @app.get("/readiness")
     async def readiness() -> JSONResponse:
         h = len(gw.healthy())
@@ -180,11 +193,13 @@ def create_app(gw: Gateway) -> FastAPI:
         except (ValueError, AttributeError):
             stream = False
         for w in gw.pick_order():
+            w.sent += 1
             try:
                 resp = await gw.session.post(f"{w.url}/generate", data=body,
                                              headers=_fwd_headers(request))
             except aiohttp.ClientError as e:
                 logger.warning("worker %s unreachable: %s", w.url, e)
+                w.unreachable += 1
                 w.healthy = False
                 continue
             if stream and resp.status == 200:
@@ -199,10 +214,12 @@ def create_app(gw: Gateway) -> FastAPI:
             resp.release()
             return Response(data, status_code=resp.status,
                             media_type=resp.headers.get("Content-Type", "application/json"))
+        gw.no_worker += 1
         return JSONResponse({"error": {"message": "no healthy server in the pool"}}, status_code=503)
 
     async def fan_out(path: str, request: Request) -> JSONResponse:
         body = await request.body()
+        gw.fanouts[path] = gw.fanouts.get(path, 0) + 1
         query = request.url.query
 
         async def one(w: Worker):

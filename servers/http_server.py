@@ -15,7 +15,7 @@ from http import HTTPStatus
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from servers import (
@@ -26,7 +26,7 @@ from servers import (
     weights_checker,
 )
 from servers.auth import ApiKeyMiddleware
-from servers.metrics import render_metrics
+from servers.metrics import CONTENT_TYPE, render_metrics, server_registry
 from servers.request import SamplingParams
 from servers.sequence import Sequence
 from servers.state import ServerState
@@ -176,9 +176,11 @@ def create_app(state: ServerState) -> FastAPI:
 
     if state.args.enable_metrics:  # SGLang serves /metrics only with --enable-metrics
 
+        registry = server_registry(state)
+
         @app.get("/metrics")
         async def metrics() -> Response:
-            return PlainTextResponse(render_metrics(state), media_type="text/plain; version=0.0.4")
+            return Response(render_metrics(registry), media_type=CONTENT_TYPE)
 
     if state.args.api_key or state.args.admin_api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=state.args.api_key,

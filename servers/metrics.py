@@ -1,45 +1,128 @@
-"""Prometheus text for ``/metrics`` (``--enable-metrics``), with SGLang's ``sglang:`` names."""
+"""``/metrics`` (``--enable-metrics``) through ``prometheus_client``, with SGLang's ``sglang:``
+names where SGLang has the metric and ``arealite:`` names for ours (weight version, pause state,
+weight-update time).
+
+Nothing here runs on the engine's step: the collector reads the engine's counters when a
+scraper asks, and the two latency histograms are filled once per finished request.
+"""
 
 from __future__ import annotations
 
-from servers.state import ServerState
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from servers.state import ServerState
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# SGLang's default buckets for time to first token and end-to-end latency (seconds).
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                5.0, 7.5, 10.0, 15.0, 20.0, 25.0, 30.0)
+E2E_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0,
+               100.0, 200.0, 400.0)
 
 
-def _esc(v: str) -> str:
-    return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+class LatencyHistogram:
+    """Cumulative bucket counts and a sum, filled by the engine thread once per request and read
+    by a scrape (a lock: a scrape never sees a bucket ahead of the total)."""
+
+    def __init__(self, buckets: tuple[float, ...]) -> None:
+        self.bounds = buckets
+        self._counts = [0] * (len(buckets) + 1)  # the last: above every bound (+Inf only)
+        self._sum = 0.0
+        self._lock = threading.Lock()
+
+    def observe(self, v: float) -> None:
+        i = next((k for k, b in enumerate(self.bounds) if v <= b), len(self.bounds))
+        with self._lock:
+            self._counts[i] += 1
+            self._sum += v
+
+    def family(self, name: str, doc: str, labels: dict[str, str]) -> HistogramMetricFamily:
+        with self._lock:
+            counts, total = list(self._counts), self._sum
+        cum, acc = [], 0
+        for bound, c in zip([*map(str, self.bounds), "+Inf"], counts):
+            acc += c
+            cum.append((bound, acc))
+        fam = HistogramMetricFamily(name, doc, labels=list(labels))
+        fam.add_metric(list(labels.values()), cum, total)
+        return fam
 
 
-def render_metrics(st: ServerState) -> str:
-    eng = st.engine
-    labels = f'{{model_name="{_esc(st.args.served_model_name or st.model_path)}"}}'
-    load = eng.load()
-    s = eng.stats
-    rows: list[tuple[str, str, str, float]] = [
-        ("num_running_reqs", "gauge", "Running requests", load["num_running_reqs"]),
-        ("num_queue_reqs", "gauge", "Queued requests", load["num_queue_reqs"]),
-        ("num_paused_reqs", "gauge", "Requests held by a pause",
-         load["num_running_reqs"] + load["num_queue_reqs"] if eng.paused_mode else 0),
-        ("gen_throughput", "gauge", "Generation throughput (tokens/s)", eng.gen_throughput()),
-        ("token_usage", "gauge", "Fraction of KV slots in use",
-         load["num_running_reqs"] / max(1, eng.max_running)),
-        ("prompt_tokens_total", "counter", "Prompt tokens", s["prompt_tokens_total"]),
-        ("generation_tokens_total", "counter", "Generated tokens", s["generation_tokens_total"]),
-        ("num_requests_total", "counter", "Requests received", s["num_requests_total"]),
-        ("num_aborted_requests_total", "counter", "Aborted requests", s["num_aborted_requests_total"]),
-        ("forward_passes_total", "counter", "Model forward passes", s["forward_passes_total"]),
-        ("weight_updates_total", "counter", "Successful weight updates", s["weight_updates_total"]),
-    ]
-    lines: list[str] = []
-    for name, kind, help_text, value in rows:
-        lines += [f"# HELP sglang:{name} {help_text}", f"# TYPE sglang:{name} {kind}",
-                  f"sglang:{name}{labels} {float(value)}"]
-    for name, total, count, help_text in (
-        ("e2e_request_latency_seconds", s["e2e_latency_sum"], s["e2e_latency_count"],
-         "End-to-end request latency"),
-        ("weight_load_duration_seconds", s["weight_load_seconds_sum"], s["weight_updates_total"],
-         "Time spent loading weights"),
-    ):
-        lines += [f"# HELP sglang:{name} {help_text}", f"# TYPE sglang:{name} summary",
-                  f"sglang:{name}_sum{labels} {float(total)}",
-                  f"sglang:{name}_count{labels} {float(count)}"]
-    return "\n".join(lines) + "\n"
+class ServerCollector(Collector):
+    """Every family of one server, built from its engine's state at scrape time."""
+
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+
+    def collect(self) -> Iterator[Metric]:
+        st = self.state
+        eng = st.engine
+        labels = {"model_name": st.args.served_model_name or st.model_path}
+        keys, vals = list(labels), list(labels.values())
+        load = eng.load()
+        s = eng.stats
+        held = load["num_running_reqs"] + load["num_queue_reqs"] if eng.paused_mode else 0
+        gauges = [
+            ("sglang:num_running_reqs", "Running requests", load["num_running_reqs"]),
+            ("sglang:num_queue_reqs", "Queued requests", load["num_queue_reqs"]),
+            ("sglang:num_paused_reqs", "Requests held by a pause", held),
+            ("sglang:gen_throughput", "Generation throughput (tokens/s)", eng.gen_throughput()),
+            ("sglang:token_usage", "Fraction of KV slots in use",
+             load["num_running_reqs"] / max(1, eng.max_running)),
+            ("arealite:weight_version", "Served weight version (-1 when not a number)",
+             _as_number(eng.weight_version)),
+            ("arealite:paused", "1 while generation is paused (pause_generation)",
+             1.0 if eng.paused_mode else 0.0),
+        ]
+        for name, doc, value in gauges:
+            g = GaugeMetricFamily(name, doc, labels=keys)
+            g.add_metric(vals, float(value))
+            yield g
+        counters = [
+            ("sglang:prompt_tokens", "Prompt tokens", s["prompt_tokens_total"]),
+            ("sglang:generation_tokens", "Generated tokens", s["generation_tokens_total"]),
+            ("sglang:num_requests", "Requests received", s["num_requests_total"]),
+            ("sglang:num_aborted_requests", "Aborted requests", s["num_aborted_requests_total"]),
+            ("sglang:forward_passes", "Model forward passes", s["forward_passes_total"]),
+            ("arealite:weight_updates", "Successful weight updates", s["weight_updates_total"]),
+            ("arealite:weight_update_seconds", "Seconds spent loading new weights",
+             s["weight_load_seconds_sum"]),
+        ]
+        for name, doc, value in counters:
+            c = CounterMetricFamily(name, doc, labels=keys)
+            c.add_metric(vals, float(value))
+            yield c
+        yield eng.ttft_hist.family("sglang:time_to_first_token_seconds",
+                                   "Time to first token (seconds)", labels)
+        yield eng.e2e_hist.family("sglang:e2e_request_latency_seconds",
+                                  "End-to-end request latency (seconds)", labels)
+
+
+def _as_number(version: str) -> float:
+    try:
+        return float(int(version))
+    except (TypeError, ValueError):
+        return -1.0
+
+
+def server_registry(state: ServerState) -> CollectorRegistry:
+    """A registry of its own per server (tests run several servers in one process)."""
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(ServerCollector(state))
+    return reg
+
+
+def render_metrics(registry: CollectorRegistry) -> bytes:
+    return generate_latest(registry)
