@@ -41,6 +41,7 @@ from arealite.api.reward_api import (  # noqa: F401
     count_reward,
     inline_reward,
     is_inline,
+    observe_reward_call,
     reset_reward_stats,
     reward_stats,
 )
@@ -251,6 +252,7 @@ async def compute_reward(
     kwargs = {k: v for k, v in row.items() if k not in _RESERVED}
     args = (prompt, completion, list(prompt_ids), list(completion_ids))
     name = getattr(fn, "__name__", type(fn).__name__)
+    t0 = time.perf_counter()
     if is_inline(fn):
         count_reward("calls")
         count_reward("inline")
@@ -263,6 +265,7 @@ async def compute_reward(
             r = None
     else:
         r = await get_reward_pool().acall(fn, *args, timeout=timeout, **kwargs)
+    observe_reward_call(name, t0, time.perf_counter(), r is not None)  # the trace, when on
     if r is not None:
         return r
     if on_failure == "zero":

@@ -362,6 +362,9 @@ class StatsLoggerConfig(BaseConfig):
     )
     wandb_project: str = Field("arealite", description="wandb project name.")
     print_every: int = Field(1, ge=1, description="Console line every N steps.")
+    metrics_port: int | None = Field(None, ge=0, le=65535, description="Serve the trainer's Prometheus /metrics: rank r on metrics_port + r (0: any free port). None: off. See docs/observability.md.")
+    metrics_host: str = Field("127.0.0.1", description="Address the trainer's /metrics binds to.")
+    trace: bool = Field(False, description="Write a Chrome/Perfetto trace of every step (episodes, generation segments per server, reward calls, phases, weight pushes) to logs/trace_rank{r}.json.")
 
 
 class ClusterConfig(BaseConfig):

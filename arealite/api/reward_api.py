@@ -46,6 +46,21 @@ def reward_stats() -> dict[str, int]:
         return dict(_stats)
 
 
+# (name, start, end, ok) of each reward call, for the trace (``arealite.rollout.trace_hooks``)
+_call_observer: Callable[[str, float, float, bool], None] | None = None
+
+
+def set_reward_call_observer(fn: Callable[[str, float, float, bool], None] | None) -> None:
+    global _call_observer
+    _call_observer = fn
+
+
+def observe_reward_call(name: str, start: float, end: float, ok: bool) -> None:
+    """Report one finished reward call (``time.perf_counter`` times) to the observer, if any."""
+    if _call_observer is not None:
+        _call_observer(name, start, end, ok)
+
+
 def reset_reward_stats() -> None:
     with _stats_lock:
         for k in _stats:

@@ -30,6 +30,7 @@ from arealite.api.config_loader import ConfigError, load_config, to_yaml
 from arealite.launcher import plan
 from arealite.launcher.plan import LaunchError, ProcSpec
 from arealite.launcher.preflight import check_modules
+from arealite.launcher.scrape_config import write_scrape_config
 from arealite.launcher.supervisor import Console, ManagedProcess, stop_all
 from arealite.utils.network import find_free_port, find_free_ports
 from arealite.utils.recover import find_latest, recover_root
@@ -87,6 +88,14 @@ class LocalLauncher:
         return servers, trainer
 
     # ------------------------------------------------------------------ running
+    def _write_scrape_config(self) -> None:
+        addrs = [s.spec.addr for s in self.servers if s.spec.addr]
+        if not addrs and plan.uses_servers(self.cfg) and self.mode() == "trainer_only":
+            addrs = plan.trainer_addrs(self.cfg)
+        path = write_scrape_config(self.cfg, addrs)
+        if path is not None:
+            self.say(f"Prometheus scrape config: {path} (docs/observability.md)")
+
     def say(self, text: str, err: bool = False) -> None:
         self.console.line("launcher", text, sys.stderr if err else None)
 
@@ -202,6 +211,7 @@ class LocalLauncher:
                 if mode == "server_only":
                     print(line, flush=True)
                     self.say("serving until Ctrl-C")
+            self._write_scrape_config()
             if trainer_spec is not None:
                 self._start_trainer(trainer_spec)
             return self._monitor(trainer_spec)

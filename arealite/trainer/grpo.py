@@ -35,6 +35,7 @@ from arealite.trainer.common import (
     weight_meta,
 )
 from arealite.trainer.eval_hook import TrainClock, load_eval_fn, run_evaluation
+from arealite.trainer.observability import StepObservers
 from arealite.trainer.rollout_stats import batch_rollout_stats
 from arealite.trainer.sample_log import SampleIdLog
 from arealite.utils import recover as rec
@@ -112,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     logger = StatsLogger(config.stats_logger, config.run_dir("logs"), total_steps=total_steps,
                          start_step=start_step if info else None)
     ids_log = SampleIdLog(config.run_dir("logs"), start_step if info else None, rank)
+    observers = StepObservers(config, rank, rollout, actor, config.run_dir("logs"))  # /metrics, trace
     if valid_rows and info is None:
         logger.commit(0, run_eval(version))
     # Training time only (evaluations excluded), carried over a restart for total_train_seconds.
@@ -153,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         stats.update(stats_tracker.export())
         ids_log.record(step + 1, batch.get("sample_ids"))
         logger.commit(step + 1, stats)
+        observers.step(step + 1, version, t0, stats)
         # Last, after the step's logs: a crash before it repeats the step, never skips its lines.
         if checkpointer.check(epochs=epoch_done, steps=1):
             info = rec.RecoverInfo(step=step, epoch=epoch, epoch_step=step % ft.steps_per_epoch, version=version,
@@ -164,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             break
 
     logger.close()
+    observers.close()
     for engine in (rollout, eval_rollout, actor):
         engine.destroy()
     return 0

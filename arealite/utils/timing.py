@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from arealite.utils import stats_tracker
+from arealite.utils import stats_tracker, trace
 from arealite.utils.stats_tracker import ReduceType, StatsTracker
 
 
@@ -101,6 +101,9 @@ def timer(
     try:
         yield
     finally:
-        dt = clock() - t0
+        t1 = clock()
+        dt = t1 - t0
         with t.scope(prefix):
             t.scalar(reduce_type=ReduceType.SUM_PER_RANK, **{name: dt})
+        if trace.TRACER is not None and clock is time.perf_counter:  # a phase on the timeline
+            trace.TRACER.complete(name, prefix, trace.TRAINER_TID, t0, t1)
