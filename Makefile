@@ -11,7 +11,7 @@ AREAL_STAMP := $(AREAL_VENV)/.areal-installed
 export OMP_NUM_THREADS ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup setup-areal run test test-unit lint docs bench clean
+.PHONY: setup setup-areal run test test-unit lint docs bench observe clean
 
 setup: $(STAMP)
 
@@ -55,6 +55,14 @@ docs: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run_all --quick
+
+# A real Prometheus (Debian's package; root installs it) against a short run of the main job:
+# every server and the trainer scraped, every query of deploy/grafana's dashboard returns data.
+OBSERVE_ARGS ?=
+observe: $(STAMP)
+	@test "$$(id -u)" = 0 || command -v prometheus >/dev/null || { echo "make observe: run as root (it installs Debian's prometheus)"; exit 2; }
+	command -v prometheus >/dev/null || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y prometheus; }
+	$(PY) -m benchmarks.observe $(OBSERVE_ARGS)
 
 clean:
 	rm -rf $(VENV) $(AREAL_VENV) outputs .pytest_cache .ruff_cache
