@@ -14,12 +14,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from arealite.utils.trace import TRAINER_TID, WEIGHT_PUSH_TID, load_trace
+from arealite.utils.trace import LANE_BASES, TRAINER_TID, WEIGHT_PUSH_TID, load_trace
 
 PHASE_COLORS = {"rollout_wait": "#d62728", "logp": "#9467bd", "update": "#1f77b4",
                 "weight_sync": "#ff7f0e", "weight_upload": "#ffbb78", "eval": "#8c564b"}
 OUTCOME_COLORS = {"accepted": "#2ca02c", "rejected": "#bcbd22", "failed": "#d62728"}
-SERVER_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
+EPISODE_BAND, REQUEST_BAND = 6.0, 10.0  # rows of height the lanes of each kind share
+SERVER_COLORS = ["#17becf", "#e377c2", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173"]
 
 
 def select_steps(events: list[dict[str, Any]], steps: tuple[int, int] | None) -> tuple[float, float]:
@@ -49,15 +50,25 @@ def plot_trace(trace_path: str | os.PathLike, out_png: str | os.PathLike,
     lo, hi = select_steps(events, steps)
     shown = [e for e in events if e["ts"] < hi and e["ts"] + e["dur"] > lo]
     lanes = sorted({e["tid"] for e in shown if e["tid"] not in (TRAINER_TID, WEIGHT_PUSH_TID)})
-    rows = [TRAINER_TID, WEIGHT_PUSH_TID, *lanes]
-    y = {tid: len(rows) - 1 - i for i, tid in enumerate(rows)}
+    ep_lanes = [t for t in lanes if t < LANE_BASES["call"]]
+    call_lanes = [t for t in lanes if t >= LANE_BASES["call"]]
+    # fixed bands, so a run with hundreds of request lanes still fits one readable figure:
+    # (centre, height) per lane, from the top
+    y: dict[int, float] = {TRAINER_TID: 0.0, WEIGHT_PUSH_TID: -1.0}
+    h: dict[int, float] = {TRAINER_TID: 1.0, WEIGHT_PUSH_TID: 1.0}
+    top = -1.5
+    for band, size in ((ep_lanes, EPISODE_BAND), (call_lanes, REQUEST_BAND)):
+        step = min(1.0, size / max(1, len(band)))
+        for i, tid in enumerate(band):
+            y[tid], h[tid] = top - step * (i + 0.5), step
+        top -= step * len(band) + 0.5
     servers = sorted({e["args"]["server"] for e in shown if e["cat"] == "generate"})
     color_of = {s: SERVER_COLORS[i % len(SERVER_COLORS)] for i, s in enumerate(servers)}
-    fig, ax = plt.subplots(figsize=(14, 2 + 0.12 * len(rows)))
+    fig, ax = plt.subplots(figsize=(14, 2 + 0.3 * (2 - top)))
     try:
         for e in shown:
             x0, w = (max(e["ts"], lo) - lo) / 1e6, (min(e["ts"] + e["dur"], hi) - max(e["ts"], lo)) / 1e6
-            cat, row = e["cat"], y[e["tid"]]
+            cat, row, k = e["cat"], y[e["tid"]], h[e["tid"]]
             if cat == "step":
                 ax.broken_barh([(x0, w)], (row - 0.45, 0.9), facecolors="none", edgecolors="black")
                 ax.text(x0, row + 0.5, e["name"], fontsize=7, va="bottom")
@@ -68,21 +79,23 @@ def plot_trace(trace_path: str | os.PathLike, out_png: str | os.PathLike,
             elif cat == "weight_push":
                 ax.broken_barh([(x0, w)], (row - 0.4, 0.8), facecolors="#ff7f0e")
             elif cat == "episode":
-                ax.broken_barh([(x0, w)], (row - 0.35, 0.7),
+                ax.broken_barh([(x0, w)], (row - 0.4 * k, 0.8 * k),
                                facecolors=OUTCOME_COLORS.get(e["args"]["outcome"], "#7f7f7f"))
             elif cat == "queue":
-                ax.broken_barh([(x0, w)], (row - 0.35, 0.7), facecolors="#dddddd")
+                ax.broken_barh([(x0, w)], (row - 0.4 * k, 0.8 * k), facecolors="#dddddd")
             elif cat == "generate":
-                ax.broken_barh([(x0, w)], (row - 0.35, 0.7), facecolors=color_of[e["args"]["server"]])
+                ax.broken_barh([(x0, w)], (row - 0.4 * k, 0.8 * k), facecolors=color_of[e["args"]["server"]])
             elif cat == "pause":
-                ax.broken_barh([(x0, w)], (row - 0.15, 0.3), facecolors="#999999")
+                ax.broken_barh([(x0, w)], (row - 0.2 * k, 0.4 * k), facecolors="#999999")
             elif cat == "reward":
-                ax.broken_barh([(x0, w)], (row - 0.35, 0.7), facecolors="black")
-        n_ep = sum(1 for t in lanes if t < 1000)
-        ax.set_yticks([y[TRAINER_TID], y[WEIGHT_PUSH_TID]]
-                      + ([y[lanes[0]]] if n_ep else []) + ([y[lanes[n_ep]]] if n_ep < len(lanes) else []))
-        ax.set_yticklabels(["trainer", "weight push"] + (["episodes"] if n_ep else [])
-                           + (["requests"] if n_ep < len(lanes) else []), fontsize=8)
+                ax.broken_barh([(x0, w)], (row - 0.4 * k, 0.8 * k), facecolors="black")
+        ticks = [(0.0, "trainer"), (-1.0, "weight push")]
+        for band, label in ((ep_lanes, "episodes"), (call_lanes, "requests,\nreward calls")):
+            if band:
+                ticks.append(((y[band[0]] + y[band[-1]]) / 2, f"{label}\n({len(band)} lanes)"))
+        ax.set_yticks([t for t, _ in ticks])
+        ax.set_yticklabels([lab for _, lab in ticks], fontsize=8)
+        ax.set_ylim(top, 1.2)
         ax.set_xlim(0, (hi - lo) / 1e6)
         ax.set_xlabel("seconds")
         handles = [Patch(color=c, label=p) for p, c in PHASE_COLORS.items()]
