@@ -12,6 +12,11 @@ body, so part of what it saves there pays for its bookkeeping. Both are what a c
 kind does; the ratio is the cost of using the engine instead of hand-written posts.
 
     python -m benchmarks.client_overhead [--quick] [--requests N] [--concurrency C] [--tokens T]
+                                         [--metrics] [--trace]
+
+``--metrics`` serves the trainer's Prometheus /metrics (live client numbers included) and
+scrapes it every 0.2 s while the rounds run; ``--trace`` turns the timeline trace on, every
+request going through its hooks (docs/observability.md).
 
 Prints both rates and the ratio raw/engine (target <= 1.15), plus the client process's CPU
 time per request for each (less sensitive to other load on a shared machine).
@@ -94,6 +99,40 @@ async def run_engine(engine, prompt: list[int], n_tokens: int, n: int, conc: int
     return (n // conc) * conc / (time.perf_counter() - t0)
 
 
+def observed(engine, metrics: bool, trace_on: bool):
+    """(the client the rounds call, a function that stops what was started)."""
+    import tempfile
+    import threading
+    import urllib.request
+
+    client, stops = engine, []
+    if metrics:
+        from arealite.api.config import StatsLoggerConfig
+        from arealite.trainer.prometheus_metrics import start_trainer_metrics
+
+        m = start_trainer_metrics(StatsLoggerConfig(metrics_port=0), 0, engine)
+        url = f"http://{LOOPBACK}:{m.server.server_port}/metrics"
+        done = threading.Event()
+
+        def scrape() -> None:
+            while not done.wait(0.2):
+                with urllib.request.urlopen(url, timeout=5) as r:
+                    r.read()
+
+        t = threading.Thread(target=scrape, daemon=True)
+        t.start()
+        stops += [done.set, m.server.shutdown]
+    if trace_on:
+        from arealite.rollout import trace_hooks
+        from arealite.utils import trace
+
+        trace.start(tempfile.mkdtemp(prefix="client-overhead-") + "/trace.json")
+        trace_hooks.install(engine)
+        client = trace_hooks.TracedEngine(engine)
+        stops.append(trace.stop)
+    return client, lambda: [f() for f in stops]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer requests (a few seconds)")
@@ -101,6 +140,8 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=64, help="output tokens in the fixed reply")
     ap.add_argument("--rounds", type=int, default=None)
+    ap.add_argument("--metrics", action="store_true", help="trainer /metrics on, scraped every 0.2 s")
+    ap.add_argument("--trace", action="store_true", help="the timeline trace on")
     ap.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve is not None:
@@ -124,6 +165,7 @@ def main() -> None:
             raise SystemExit("the loopback server did not start")
         engine = RemoteSGLangEngine(InferenceEngineConfig(setup_timeout=10))
         engine.initialize([f"{LOOPBACK}:{port}"])
+        client, stop_observers = observed(engine, args.metrics, args.trace)
         prompt = list(range(1, 33))
         from arealite.api.config import GenerationHyperparameters
 
@@ -131,20 +173,23 @@ def main() -> None:
         url = f"http://{LOOPBACK}:{port}/generate"
         run = engine.executor.run_coroutine  # both clients on the engine's loop
         run(run_raw(url, body, 64, 8)).result(60)  # warm-up: connections, caches
-        run(run_engine(engine, prompt, args.tokens, 64, 8)).result(60)
+        run(run_engine(client, prompt, args.tokens, 64, 8)).result(60)
         raw, eng, raw_cpu, eng_cpu = [], [], [], []
         for _ in range(rounds):  # alternating, so background load hits both alike
             for rates, cpus, coro in (
                 (raw, raw_cpu, lambda: run_raw(url, body, n, args.concurrency)),
-                (eng, eng_cpu, lambda: run_engine(engine, prompt, args.tokens, n, args.concurrency)),
+                (eng, eng_cpu, lambda: run_engine(client, prompt, args.tokens, n, args.concurrency)),
             ):
                 c0 = time.process_time()
                 rates.append(run(coro()).result(600))
                 cpus.append((time.process_time() - c0) / n * 1e6)
         r, e = statistics.median(raw), statistics.median(eng)
         rc, ec = statistics.median(raw_cpu), statistics.median(eng_cpu)
+        stop_observers()
+        on = [x for x, flag in (("metrics", args.metrics), ("trace", args.trace)) if flag]
         print(f"client_overhead: {n} requests x {rounds} rounds, concurrency {args.concurrency}, "
-              f"{args.tokens} output tokens per reply (medians over rounds)")
+              f"{args.tokens} output tokens per reply (medians over rounds); "
+              f"observability on: {', '.join(on) or 'none'}")
         print(f"  raw aiohttp posts        : {r:8.1f} req/s  {rc:6.1f} us client CPU/request")
         print(f"  RemoteSGLangEngine       : {e:8.1f} req/s  {ec:6.1f} us client CPU/request")
         print(f"  overhead ratio raw/engine: {r / e:8.3f}x  (target <= 1.15); client CPU ratio "
