@@ -28,3 +28,13 @@ def test_nothing_to_scrape(tmp_path):
     cfg = GRPOConfig.model_validate({"cluster": {"fileroot": str(tmp_path)}})
     assert scrape_targets(cfg, ["127.0.0.1:1"]) == {}
     assert write_scrape_config(cfg, ["127.0.0.1:1"]) is None
+
+
+def test_shipped_example_is_what_the_launcher_writes():
+    from pathlib import Path
+
+    from arealite.launcher.scrape_config import render_scrape_config
+
+    example = Path(__file__).parents[2] / "deploy" / "grafana" / "prometheus.example.yml"
+    jobs = {"servers": ["127.0.0.1:30000", "127.0.0.1:30001"], "trainer": ["127.0.0.1:9400", "127.0.0.1:9401"]}
+    assert example.read_text() == render_scrape_config(jobs, "toy-grpo/trial0")
