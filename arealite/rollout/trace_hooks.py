@@ -130,10 +130,10 @@ class TracedWorkflow(RolloutWorkflow):
 
 
 def _reward_call(name: str, start: float, end: float, ok: bool) -> None:
-    tr = trace.TRACER
-    if tr is not None:
+    tr, ep = trace.TRACER, EPISODE.get()
+    if tr is not None and ep is not None:  # a traced episode's (not an evaluation's)
         tr.complete(f"reward {name}", "reward", tr.lane("call", start, end), start, end,
-                    {"episode": EPISODE.get(), "ok": ok})
+                    {"episode": ep, "ok": ok})
 
 
 def install(rollout: Any) -> None:

@@ -23,6 +23,7 @@ from arealite.api.engine_api import InferenceEngine
 from arealite.api.workflow_api import RolloutWorkflow
 from arealite.api.workflow_factory import import_by_path
 from arealite.trainer.rollout_stats import evaluate
+from arealite.utils import trace
 
 EvalFn = Callable[..., dict[str, float]]
 CONTEXT_ARGS = ("tokenizer", "workflow", "version", "config")
@@ -102,7 +103,10 @@ def run_evaluation(
     finally:
         if executor is not None:
             executor.undrain()
-    out["timeperf/eval"] = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    out["timeperf/eval"] = t1 - t0
+    if trace.TRACER is not None:  # between steps on the timeline (stats_logger.trace)
+        trace.TRACER.complete("eval", "timeperf", trace.TRAINER_TID, t0, t1)
     return out
 
 

@@ -41,7 +41,10 @@ def value(fams: dict[str, list], sample: str, **labels: str) -> float:
 
 def test_metrics_and_trace_of_a_short_run(tmp_path, tiny_model_dir, toy_data_dir):
     port = find_free_port()
-    over = [*small_run(tiny_model_dir, toy_data_dir, STEPS, epochs=4), "stats_logger.trace=true",
+    run = [o for o in small_run(tiny_model_dir, toy_data_dir, STEPS, epochs=4)
+           if o not in ("valid_dataset=null", "evaluator.freq_steps=null")]
+    over = [*run, f"valid_dataset.path={toy_data_dir / 'valid.jsonl'}", "evaluator.freq_steps=3",
+            "evaluator.max_prompts=8", "stats_logger.trace=true",
             f"stats_logger.metrics_port={port}", "sglang.enable_metrics=true"]
     cfg = run_dir(tmp_path, TRIAL) / "prometheus.yml"
     with spawn(launcher_cmd("configs/toy_grpo.yaml", tmp_path, TRIAL, over)) as (proc, log):
@@ -60,9 +63,10 @@ def test_metrics_and_trace_of_a_short_run(tmp_path, tiny_model_dir, toy_data_dir
         assert wait_exit(proc, log, 240) == 0
 
     server, trainer = targets
-    for name in TRAINER_NAMES:
+    for name in TRAINER_NAMES + ("arealite_trainer_eval_accuracy",):
         assert name in later[trainer], name
     t0, t1 = first[trainer], later[trainer]
+    assert 0.0 <= value(t1, "arealite_trainer_eval_accuracy") <= 1.0
     assert value(t1, "arealite_trainer_steps_total") > value(t0, "arealite_trainer_steps_total") >= 1
     assert (value(t1, "arealite_rollout_episodes_total", outcome="accepted")
             > value(t0, "arealite_rollout_episodes_total", outcome="accepted"))
@@ -93,6 +97,8 @@ def check_trace(path: Path, rows: list[dict]) -> None:
     phases = [e for e in events if e["cat"] == "timeperf"]
     for name in ("rollout_wait", "logp", "update", "weight_sync"):
         assert sum(p["name"] == name for p in phases) >= STEPS, name
+    evals = [p for p in phases if p["name"] == "eval"]
+    assert evals and not any(p["ts"] < end[id(s)] and s["ts"] < end[id(p)] for p in evals for s in steps)
     for p in phases:  # each phase lies inside the step it overlaps
         hosts = [s for s in steps if s["ts"] < end[id(p)] and p["ts"] < end[id(s)]]
         if hosts:
