@@ -158,7 +158,11 @@ def start_trainer_metrics(config: StatsLoggerConfig, rank: int, rollout: Any,
     registry.register(RolloutCollector(rollout))
     metrics = TrainerMetrics(registry, push_bytes)
     port = config.metrics_port + rank
-    server, thread = start_http_server(port, addr=config.metrics_host, registry=registry)
+    try:
+        server, thread = start_http_server(port, addr=config.metrics_host, registry=registry)
+    except OSError as e:  # a taken port: say which setting, not a bare socket traceback
+        raise RuntimeError(f"stats_logger.metrics_port: rank {rank} cannot serve /metrics on "
+                           f"{config.metrics_host}:{port} ({e})") from None
     metrics.server, metrics.thread = server, thread  # type: ignore[attr-defined]
     logger.info("trainer rank %d: Prometheus /metrics on http://%s:%d/metrics", rank,
                 config.metrics_host, server.server_port)

@@ -70,3 +70,4 @@ def test_plot_a_window_of_steps(tmp_path):
     with pytest.raises(ValueError, match="no step in 7..9"):
         plot_trace(tr.path, tmp_path / "x.png", (7, 9))
     assert plot_main([str(tr.path), str(tmp_path / "y.png"), "--steps", "1:2:3"]) == 2
+
