@@ -111,8 +111,9 @@ class TrainEngineConfig(BaseConfig):
     max_tokens_per_mb: int = Field(
         8192, ge=1, description="Token budget of one packed micro-batch."
     )
-    attn_impl: Literal["auto", "sdpa", "eager", "flash_attention_2"] = Field(
-        "auto", description="Attention kernel; auto picks flash-attn varlen on CUDA when present."
+    attn_impl: Literal["auto", "segments", "sdpa", "eager", "flash_attention_2"] = Field(
+        "auto", description="Attention kernel; auto picks flash-attn varlen on CUDA when present, "
+        "else segments (per-sequence SDPA, no dense mask); sdpa/eager use a dense [T, T] mask.",
     )
 
 
@@ -151,6 +152,10 @@ class PPOActorConfig(TrainEngineConfig):
     )
     behav_imp_weight_cap: float | None = Field(
         None, description="Tokens whose behaviour importance weight exceeds this are masked."
+    )
+    shared_prompt_packing: bool = Field(
+        True, description="Compute each GRPO group's common prompt once per micro-batch "
+        "(prefix-tree attention; same losses and gradients). Needs attn_impl segments/auto.",
     )
 
     @model_validator(mode="after")

@@ -126,8 +126,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 batch = rollout.rollout_batch(cycle.next_rows(loader), workflow)
         with timer("logp"):
-            if config.actor.recompute_logprob:
-                batch["prox_logp"] = actor.compute_logp(batch)
+            actor.prepare_prox_logp(batch)  # fused into the update when it can be
             if ref is not None:
                 batch["ref_logp"] = ref.compute_logp(batch)
             actor.compute_advantages(batch)
