@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
                       for b in budgets for s in (False, True)}
             floor.step(batch)  # warm-up
             times = {k: {"logp": [], "update": []} for k in actors}
-            for k, a in actors.items():
+            for a in actors.values():
                 arealite_step(a, batch, {"logp": [], "update": []})
             f_times = []
             for _ in range(rounds):

@@ -55,6 +55,7 @@ from arealite.utils.data import (
     unpack_to_padded,
 )
 from arealite.utils.distributed import (
+    all_reduce,
     init_default_process_group,
     resolve_backend,
     resolve_device,
@@ -124,6 +125,7 @@ class FSDPEngine(TrainEngine):
         self._train_mode = True
         # rows i*g .. i*g+g-1 share a prompt: kept in one micro-batch, prefix computed once
         self.prefix_group_size = 1
+        self.sharded = True  # FSDP2-wrapped (see initialize)
 
     # ------------------------------------------------------------------ set-up
 
@@ -174,10 +176,15 @@ class FSDPEngine(TrainEngine):
         if offload and self.device.type != "cuda":
             logger.info("cpu_offload ignored: the model already lives on the CPU")
             offload = False
-        apply_fsdp2(
-            model, self.mesh, self.compute_dtype,
-            to_dtype(self.config.mixed_precision.reduce_dtype), cpu_offload=offload,
-        )
+        # A world of one has nothing to shard: FSDP2 would still all-gather, copy and
+        # reduce-scatter every layer each micro-batch. It stays when it does something there
+        # (mixed precision casts, CPU offload).
+        self.sharded = self.world_size > 1 or offload or self.compute_dtype != dtype
+        if self.sharded:
+            apply_fsdp2(
+                model, self.mesh, self.compute_dtype,
+                to_dtype(self.config.mixed_precision.reduce_dtype), cpu_offload=offload,
+            )
         load_full_state_dict(model, full)
         del full
         self.model = model
@@ -289,12 +296,13 @@ class FSDPEngine(TrainEngine):
         weights = [float(loss_weight_fn(p)) if idx else 0.0 for p, idx in zip(packed, mbl.indices)]
         totals = torch.tensor([sum(weights), float(sum(int(p["cu_seqlens"][-1]) for p in packed))],
                               dtype=torch.float64, device=self._comm_device())
-        dist.all_reduce(totals, group=self.dp_group)
+        all_reduce(totals, group=self.dp_group)
         total_w = float(totals[0])
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = torch.zeros((), dtype=torch.float64, device=self._comm_device())
         for i, (p, w) in enumerate(zip(packed, weights)):
-            model.set_requires_gradient_sync(i == len(packed) - 1)
+            if self.sharded:
+                model.set_requires_gradient_sync(i == len(packed) - 1)
             logits = self.model_forward(p)
             if w > 0 and total_w > 0:
                 loss = loss_fn(logits, p)
@@ -307,7 +315,7 @@ class FSDPEngine(TrainEngine):
                 # FSDP collectives of every rank match
                 scaled = logits.sum() * 0.0
             scaled.backward()
-        dist.all_reduce(loss_sum, group=self.dp_group)
+        all_reduce(loss_sum, group=self.dp_group)
         params = [p for p in model.parameters() if p.requires_grad]
         norm = grad_norm(params, self.dp_group)
         ok = bool(torch.isfinite(torch.tensor(norm)))

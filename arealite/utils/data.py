@@ -274,10 +274,12 @@ def split_into_micro_batches(
     if group is not None:
         import torch.distributed as dist
 
+        from arealite.utils.distributed import all_reduce
+
         if dist.is_available() and dist.is_initialized():
             dev = "cuda" if dist.get_backend(group) == "nccl" else "cpu"
             t = torch.tensor([n], device=dev)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+            all_reduce(t, op=dist.ReduceOp.MAX, group=group)
             if int(t) > n:
                 groups = allocate(int(t))
     mbs = [select_rows(data, g) if g else dummy_row(data) for g in groups]
