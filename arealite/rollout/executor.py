@@ -48,7 +48,7 @@ from arealite.rollout.data_cycle import DataCycle, ExecutorDataState
 from arealite.rollout.errors import RolloutFailing, RolloutQueueFull, RolloutTimeout
 from arealite.rollout.idle import IdleMeter
 from arealite.rollout.loop_thread import LoopThread
-from arealite.rollout.staleness import StalenessManager
+from arealite.rollout.staleness import StalenessManager, generated_tokens, take_oldest
 
 logger = logging.getLogger("arealite.rollout.executor")
 
@@ -90,6 +90,7 @@ class WorkflowExecutor(ExecutorDataState):
         self._paused = False
         self._held = False  # drain(): no new episode, running ones go on generating
         self._stale = 0
+        self._tokens = {"stale_tokens": 0, "trained_tokens": 0}  # generated tokens, by fate
         self.episode_retries = config.episode_retries
         self._fail_streak = 0  # episodes failed in a row (reset by any episode that finishes)
         self._last_failure = ""
@@ -376,6 +377,7 @@ class WorkflowExecutor(ExecutorDataState):
             for r in taken:  # user code runs outside the lock
                 if self.gate.is_stale(r.start_version):
                     self._stale += 1
+                    self._tokens["stale_tokens"] += generated_tokens(r.traj)
                     dropped += 1
                     # counted in rollout/stale each step; one line per drop drowned the console
                     logger.debug("dropped a trajectory started at version %d (stale)", r.start_version)
@@ -386,6 +388,7 @@ class WorkflowExecutor(ExecutorDataState):
                     dropped += 1
                 else:
                     kept.append(r)
+                    self._tokens["trained_tokens"] += generated_tokens(r.traj)
             for _ in range(dropped):
                 self.gate.on_drop_accepted()
             self._wake_loop()  # room in the output bound (and in the budget, if dropped)
@@ -403,12 +406,7 @@ class WorkflowExecutor(ExecutorDataState):
             )
 
     def _take_locked(self, group: int | None, n: int | None) -> list[_Result]:
-        taken, rest = [], deque()
-        while self._results and (n is None or len(taken) < n):
-            r = self._results.popleft()
-            (taken if r.group == group else rest).append(r)
-        rest.extend(self._results)
-        self._results = rest
+        taken, self._results = take_oldest(self._results, group, n)
         return taken
 
     # ------------------------------------------------------------------ control and counters
@@ -474,7 +472,7 @@ class WorkflowExecutor(ExecutorDataState):
             "rejected": s.rejected, "failed": s.failed, "stale": self._stale,
             "redrawn": self._data.redrawn, "dropped": self._data.dropped,
             "pending": pending, "ready": ready, "capacity": self.gate.capacity(),
-            "version": self.gate.version,
+            "version": self.gate.version, **self._tokens,
         }
 
     def idle_stats(self) -> dict[str, float]:

@@ -21,7 +21,9 @@ fresh counter would admit (η + v + 1)·B episodes at once, all started at v.
 from __future__ import annotations
 
 import threading
+from collections import deque
 from dataclasses import asdict
+from typing import Any
 
 from arealite.api.io_struct import RolloutStat, VersionClock
 
@@ -133,3 +135,22 @@ class StalenessManager:
         with self._lock:
             self._stat.accepted -= 1
             self._stat.rejected += 1
+
+
+def take_oldest(results: deque, group: Any, n: int | None) -> tuple[list, deque]:
+    """Split ``results`` (items with ``.group`` and ``.start_version``) into up to ``n`` of
+    ``group`` to consume and the rest. When more are ready than needed the oldest starts go
+    first: they are the ones the next version would make stale (a drop throws away their
+    generation); younger ones wait a step and are still in time. Each keeps its queue order."""
+    mine = [r for r in results if r.group == group]
+    if n is not None and len(mine) > n:
+        chosen = {id(r) for r in sorted(mine, key=lambda r: r.start_version)[:n]}
+        mine = [r for r in mine if id(r) in chosen]
+    picked = {id(r) for r in mine}
+    return mine, deque(r for r in results if id(r) not in picked)
+
+
+def generated_tokens(traj: Any) -> int:
+    """Generated (loss-mask) tokens of a trajectory dict; 0 when it has no ``loss_mask``."""
+    lm = traj.get("loss_mask") if isinstance(traj, dict) else None
+    return int(lm.sum()) if lm is not None else 0
