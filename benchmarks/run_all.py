@@ -50,6 +50,11 @@ KNOWN: dict[str, str] = {
                           "several PPO minibatches per step (where the proximal clip binds); final "
                           "held-out reward per seed, mean and standard error, paired differences.",
 }
+KNOWN["trainer_step"] = (
+    "The trainer's PPO step (proximal logprobs + update, FSDPPPOActor as the GRPO entry drives "
+    "it) against a plain PyTorch floor (padded forward, policy-gradient loss, backward, clip, "
+    "AdamW) over the same GRPO batch in the same process, by micro-batch budget, length mix and "
+    "shared-prompt packing.")
 HELPERS = {"__init__", "run_all", "report", "rl_metrics", "longtail_workflow", "run_probes"}
 
 

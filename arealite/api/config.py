@@ -311,8 +311,10 @@ class LauncherConfig(BaseConfig):
     mode: Literal["local", "server_only", "trainer_only"] = Field(
         "local", description="Start servers and trainer, only servers, or only the trainer."
     )
-    server_threads: int = Field(1, ge=1, description="torch threads per server process.")
-    trainer_threads: int = Field(1, ge=1, description="torch threads per trainer process.")
+    server_threads: int = Field(1, ge=0, description="torch threads per server; 0: auto "
+                                "(the machine's cores split over servers and trainer ranks).")
+    trainer_threads: int = Field(1, ge=0, description="torch threads per trainer rank; 0: auto "
+                                 "(the cores the servers leave, split over the ranks).")
     startup_timeout: float = Field(180.0, gt=0, description="Seconds for servers to come up.")
     gpus_per_server: int = Field(0, ge=0, description="GPUs given to each server (0 on CPU).")
     server_host: str = Field(

@@ -16,7 +16,7 @@ per-sequence attention (``segments``: ``arealite.engine.segment_attention``, cos
 block-diagonal causal mask (sdpa/eager) or varlen flash attention (``cu_seqlens``). With
 ``prefix_group_size > 1`` (the PPO actor sets it to its GRPO group size when
 ``shared_prompt_packing``) groups stay in one micro-batch and their common prompt is computed
-once (``arealite.utils.prefix_pack``); the logits are expanded back to the ordinary packed
+once (``arealite.engine.prefix_pack``); the logits are expanded back to the ordinary packed
 layout, so loss functions see no difference. Loss
 functions receive ``(logits [T, V], packed_mb)`` where the packed dict is in next-token
 alignment: ``logits[i]`` predicts ``labels[i]`` and ``loss_mask[i]``, ``logprobs[i]``, ... refer
@@ -45,6 +45,7 @@ from arealite.api.io_struct import (
 )
 from arealite.api.trajectory import TensorDict
 from arealite.engine import segment_attention
+from arealite.engine.prefix_pack import group_units, share_prefixes, shared_sizes
 from arealite.engine.weight_upload import DistributedUploader, disk_checksums, param_specs
 from arealite.utils import checkpoint as ckpt
 from arealite.utils.data import (
@@ -69,7 +70,6 @@ from arealite.utils.fsdp import (
     to_dtype,
 )
 from arealite.utils.functional import gather_logprobs
-from arealite.utils.prefix_pack import group_units, share_prefixes, shared_sizes
 from arealite.utils.timing import timer
 
 logger = logging.getLogger("arealite.engine.fsdp")

@@ -6,7 +6,7 @@ A packed micro-batch holds ``T`` tokens. A *row* is one sequence seen by attenti
 are a *prefix span* (possibly empty) followed by an *own span*, both contiguous ranges of the
 packed tokens; its queries are the own span, plus the prefix span when the row *owns* it. With
 empty prefixes this is plain per-sequence causal attention over a packed batch. With a shared
-prompt (``arealite.utils.prefix_pack``) the prompt is stored once, the first completion's row
+prompt (``arealite.engine.prefix_pack``) the prompt is stored once, the first completion's row
 owns it and every other completion's row reads it as a prefix: a prefix-tree mask.
 
 Why not FlexAttention: on CPU torch 2.13's ``flex_attention`` has no backward ("FlexAttention

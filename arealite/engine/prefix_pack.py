@@ -7,7 +7,7 @@ shared positions are those each row would get on its own; ``expand_index`` maps 
 of the ordinary packed layout (``pack_tensor_dict``) to the shared position computing it, and
 the loss reads ``logits_shared[expand_index]``. The losses are therefore those of the unshared
 computation, and autograd sums the gradients of the rows that share a position into it, which is
-what the unshared computation's gradient is too (``tests/utils/test_prefix_pack.py``).
+what the unshared computation's gradient is too (``tests/engine/test_segment_attention.py``).
 
 The prefix of a group is the longest common prefix of its rows (the prompt, and more when
 completions start alike, or all of it when they are identical).
