@@ -232,7 +232,7 @@ class WorkflowExecutor(ExecutorDataState):
         self._starts.pop(key, None)
         if not self._running:
             self._idle.idle()
-            self._cond.notify_all()  # drain() waits for this
+        self._cond.notify_all()  # drain() waits for the last; a batch for a last-chance one
 
     def _finish_group(self, group: int | None) -> None:
         with self._cond:
