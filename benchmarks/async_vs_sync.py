@@ -27,8 +27,9 @@ is missed, where the time goes. Writes ``benchmarks/results/async_vs_sync[_quick
 PNG of reward against wall-clock for every run.
 
 Also times the trainer phases (recompute logp + PPO update) on one long-tailed batch at two
-micro-batch token budgets (``--profile-budgets``): on CPU, packed micro-batches attend through a
-dense block-causal mask, quadratic in the budget, which is why the runs use a small budget.
+micro-batch token budgets (``--profile-budgets``). With ``attn_impl=sdpa``/``eager`` packed
+micro-batches attend through a dense block-causal mask, quadratic in the budget; the default
+(``segments``, per-sequence attention) grows with Σ Lᵢ² instead (``benchmarks/trainer_step.py``).
 """
 
 from __future__ import annotations
@@ -248,9 +249,9 @@ def explain(runs: dict[str, dict[str, Any]], head: dict[str, Any], prof: list[di
         ta, tb = a["logp"] + a["update"], b["logp"] + b["update"]
         lines.append(
             f"trainer profile (one long-tailed batch, {a['tokens']} tokens): micro-batch budget "
-            f"{a['budget']} -> {ta:.3f} s, {b['budget']} -> {tb:.3f} s ({ta / max(tb, 1e-9):.2f}x): on "
-            "CPU the packed micro-batch attends through a dense block-causal mask, quadratic in "
-            "the budget; the runs use the small budget (varlen flash attention on GPU has no such cost).")
+            f"{a['budget']} -> {ta:.3f} s, {b['budget']} -> {tb:.3f} s ({ta / max(tb, 1e-9):.2f}x) "
+            "with the run's attention path (dense block-causal mask for sdpa/eager, quadratic in the "
+            "budget; per-sequence segments or varlen flash attention otherwise).")
     return lines
 
 

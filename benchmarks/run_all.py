@@ -50,6 +50,11 @@ KNOWN: dict[str, str] = {
                           "several PPO minibatches per step (where the proximal clip binds); final "
                           "held-out reward per seed, mean and standard error, paired differences.",
 }
+KNOWN["trainer_step"] = (
+    "The trainer's PPO step (proximal logprobs + update, FSDPPPOActor as the GRPO entry drives "
+    "it) against a plain PyTorch floor (padded forward, policy-gradient loss, backward, clip, "
+    "AdamW) over the same GRPO batch in the same process, by micro-batch budget, length mix and "
+    "shared-prompt packing.")
 HELPERS = {"__init__", "run_all", "report", "rl_metrics", "longtail_workflow", "run_probes"}
 
 
@@ -264,7 +269,8 @@ def profile_section(r: dict[str, Any]) -> str | None:
         f"so the update is the same). Effect, from the sync run's phases: the sync step drops from "
         f"about {g + t_before:.2f} s to {g + t:.2f} s, and the speedup that overlap can give rises "
         f"from {bound(g, t_before):.2f}x to {bound(g, t):.2f}x, because training no longer dwarfs "
-        f"generation. On CUDA, `attn_impl=auto` uses varlen flash attention and has no such cost.",
+        f"generation. On CUDA, `attn_impl=auto` uses varlen flash attention and has no such cost; since "
+        f"issue 27 the CPU path has none either (segment attention, see trainer_step).",
     ]
     if h.get("run") in runs:
         q = runs[h["run"]]["phases"]
@@ -378,9 +384,9 @@ launcher and the rollout client share two cores. On GPUs the same code runs with
   cannot exceed (G+T)/max(G,T) (see the phase times above).
 - Servers and trainer run on separate devices: overlapping no longer means sharing cores or the
   trainer process's GIL with the rollout client, so the trainer phase keeps its sync cost.
-- Packed micro-batches use varlen flash attention (`attn_impl=auto` picks it on CUDA), so the
-  quadratic dense block mask that the CPU path needs (and that makes large micro-batch budgets
-  slow here) disappears.
+- Packed micro-batches use varlen flash attention (`attn_impl=auto` picks it on CUDA when
+  `flash_attn` is installed; elsewhere per-sequence segment attention with shared prompts, which
+  is what the CPU path has used since issue 27, see trainer_step): no dense block mask either way.
 """
 
 

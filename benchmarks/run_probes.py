@@ -4,8 +4,8 @@
   steady state of a run, from psutil CPU times sampled between its first and last step;
 - ``profile_trainer``: recompute-logp and PPO-update time on one long-tailed batch at several
   micro-batch token budgets, each in a fresh process (``python -m benchmarks.run_probes
-  BUDGET ...``). On CPU a packed micro-batch attends through a dense block-causal mask, so its
-  cost grows with the square of the budget.
+  BUDGET ...``). With a dense block-causal mask (attn_impl sdpa/eager) its cost grows with the
+  square of the budget; with the default segment attention, with Σ Lᵢ².
 """
 
 from __future__ import annotations

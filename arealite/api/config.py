@@ -111,8 +111,9 @@ class TrainEngineConfig(BaseConfig):
     max_tokens_per_mb: int = Field(
         8192, ge=1, description="Token budget of one packed micro-batch."
     )
-    attn_impl: Literal["auto", "sdpa", "eager", "flash_attention_2"] = Field(
-        "auto", description="Attention kernel; auto picks flash-attn varlen on CUDA when present."
+    attn_impl: Literal["auto", "segments", "sdpa", "eager", "flash_attention_2"] = Field(
+        "auto", description="Attention kernel; auto picks flash-attn varlen on CUDA when present, "
+        "else segments (per-sequence SDPA, no dense mask); sdpa/eager use a dense [T, T] mask.",
     )
 
 
@@ -151,6 +152,10 @@ class PPOActorConfig(TrainEngineConfig):
     )
     behav_imp_weight_cap: float | None = Field(
         None, description="Tokens whose behaviour importance weight exceeds this are masked."
+    )
+    shared_prompt_packing: bool = Field(
+        True, description="Compute each GRPO group's common prompt once per micro-batch "
+        "(prefix-tree attention; same losses and gradients). Needs attn_impl segments/auto.",
     )
 
     @model_validator(mode="after")
@@ -308,8 +313,10 @@ class LauncherConfig(BaseConfig):
     mode: Literal["local", "server_only", "trainer_only"] = Field(
         "local", description="Start servers and trainer, only servers, or only the trainer."
     )
-    server_threads: int = Field(1, ge=1, description="torch threads per server process.")
-    trainer_threads: int = Field(1, ge=1, description="torch threads per trainer process.")
+    server_threads: int = Field(1, ge=0, description="torch threads per server; 0: auto "
+                                "(the machine's cores split over servers and trainer ranks).")
+    trainer_threads: int = Field(1, ge=0, description="torch threads per trainer rank; 0: auto "
+                                 "(the cores the servers leave, split over the ranks).")
     startup_timeout: float = Field(180.0, gt=0, description="Seconds for servers to come up.")
     gpus_per_server: int = Field(0, ge=0, description="GPUs given to each server (0 on CPU).")
     server_host: str = Field(

@@ -11,8 +11,13 @@ and dtypes are configuration; the code path is the same everywhere.
 
 Data: ``train_batch``/``forward`` take a padded trajectory dict (``arealite.api.trajectory``),
 split it into micro-batches of at most ``max_tokens_per_mb`` tokens (first-fit-decreasing, the
-same count on every rank), pack each one into a single row and run the model on it with a
-block-diagonal causal mask (sdpa/eager) or varlen flash attention (``cu_seqlens``). Loss
+same count on every rank), pack each one into a single row and run the model on it with
+per-sequence attention (``segments``: ``arealite.engine.segment_attention``, cost Σ Lᵢ²), a dense
+block-diagonal causal mask (sdpa/eager) or varlen flash attention (``cu_seqlens``). With
+``prefix_group_size > 1`` (the PPO actor sets it to its GRPO group size when
+``shared_prompt_packing``) groups stay in one micro-batch and their common prompt is computed
+once (``arealite.engine.prefix_pack``); the logits are expanded back to the ordinary packed
+layout, so loss functions see no difference. Loss
 functions receive ``(logits [T, V], packed_mb)`` where the packed dict is in next-token
 alignment: ``logits[i]`` predicts ``labels[i]`` and ``loss_mask[i]``, ``logprobs[i]``, ... refer
 to that same token (see ``arealite.utils.data``).
@@ -39,6 +44,8 @@ from arealite.api.io_struct import (
     WeightUpdateType,
 )
 from arealite.api.trajectory import TensorDict
+from arealite.engine import segment_attention
+from arealite.engine.prefix_pack import group_units, share_prefixes, shared_sizes
 from arealite.engine.weight_upload import DistributedUploader, disk_checksums, param_specs
 from arealite.utils import checkpoint as ckpt
 from arealite.utils.data import (
@@ -49,6 +56,7 @@ from arealite.utils.data import (
     unpack_to_padded,
 )
 from arealite.utils.distributed import (
+    all_reduce,
     init_default_process_group,
     resolve_backend,
     resolve_device,
@@ -71,19 +79,20 @@ WeightFn = Callable[[TensorDict], "float | torch.Tensor"]
 
 
 def resolve_attn_impl(attn_impl: str, device: torch.device) -> str:
-    """``auto``: flash-attn varlen on CUDA when the package is installed, else SDPA."""
-    if attn_impl != "auto":
-        if attn_impl == "flash_attention_2" and device.type != "cuda":
-            raise ValueError("attn_impl=flash_attention_2 needs device=cuda")
-        return attn_impl
-    if device.type == "cuda":
+    """``auto``: flash-attn varlen on CUDA when the package is installed, else per-sequence
+    segment attention (``segments``; registered with transformers under its own name)."""
+    if attn_impl == "auto" and device.type == "cuda":
         try:
             import flash_attn  # noqa: F401
 
             return "flash_attention_2"
         except ImportError:
             pass
-    return "sdpa"
+    if attn_impl in ("auto", "segments"):
+        return segment_attention.register()
+    if attn_impl == "flash_attention_2" and device.type != "cuda":
+        raise ValueError("attn_impl=flash_attention_2 needs device=cuda")
+    return attn_impl
 
 
 class FSDPEngine(TrainEngine):
@@ -114,6 +123,9 @@ class FSDPEngine(TrainEngine):
         self.global_step = 0
         self._uploader: DistributedUploader | None = None
         self._train_mode = True
+        # rows i*g .. i*g+g-1 share a prompt: kept in one micro-batch, prefix computed once
+        self.prefix_group_size = 1
+        self.sharded = True  # FSDP2-wrapped (see initialize)
 
     # ------------------------------------------------------------------ set-up
 
@@ -164,10 +176,15 @@ class FSDPEngine(TrainEngine):
         if offload and self.device.type != "cuda":
             logger.info("cpu_offload ignored: the model already lives on the CPU")
             offload = False
-        apply_fsdp2(
-            model, self.mesh, self.compute_dtype,
-            to_dtype(self.config.mixed_precision.reduce_dtype), cpu_offload=offload,
-        )
+        # A world of one has nothing to shard: FSDP2 would still all-gather, copy and
+        # reduce-scatter every layer each micro-batch. It stays when it does something there
+        # (mixed precision casts, CPU offload).
+        self.sharded = self.world_size > 1 or offload or self.compute_dtype != dtype
+        if self.sharded:
+            apply_fsdp2(
+                model, self.mesh, self.compute_dtype,
+                to_dtype(self.config.mixed_precision.reduce_dtype), cpu_offload=offload,
+            )
         load_full_state_dict(model, full)
         del full
         self.model = model
@@ -209,10 +226,35 @@ class FSDPEngine(TrainEngine):
 
     # ------------------------------------------------------------------ forward pieces
 
+    @property
+    def shares_prefixes(self) -> bool:
+        return self.prefix_group_size > 1 and self.attn_impl == segment_attention.ATTN_NAME
+
     def split_micro_batches(self, input_: TensorDict) -> MicroBatchList:
         data = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v
                 for k, v in input_.items()}
-        return split_into_micro_batches(data, self.config.max_tokens_per_mb, group=self.dp_group)
+        units = sizes = None
+        if self.shares_prefixes:
+            units = group_units(data["input_ids"].shape[0], self.prefix_group_size)
+            sizes = shared_sizes(data["input_ids"], data["attention_mask"].sum(1), units)
+        return split_into_micro_batches(data, self.config.max_tokens_per_mb, group=self.dp_group,
+                                        units=units, unit_sizes=sizes)
+
+    def pack(self, mb: TensorDict, rows: list[int]) -> TensorDict:
+        """The packed micro-batch the model runs on, with its attention layout (``rows``: the
+        batch rows of ``mb``, which tell the GRPO groups apart)."""
+        p = pack_tensor_dict(mb)
+        if self.attn_impl != segment_attention.ATTN_NAME:
+            return p
+        if self.shares_prefixes and rows:
+            ids, pos, expand, layout = share_prefixes(
+                mb["input_ids"], mb["attention_mask"].sum(1),
+                [r // self.prefix_group_size for r in rows])
+            p.update(shared_input_ids=ids, shared_position_ids=pos, expand_index=expand)
+        else:
+            layout = segment_attention.sequence_layout(p["cu_seqlens"]).to(self.device)
+        p["segment_layout"] = layout
+        return p
 
     def model_forward(self, packed: TensorDict) -> torch.Tensor:
         """Logits ``[T, V]`` of one packed micro-batch (sequences never attend to each other)."""
@@ -221,6 +263,15 @@ class FSDPEngine(TrainEngine):
         pos = packed["position_ids"][None]
         cu = packed["cu_seqlens"]
         kwargs: dict[str, Any] = {}
+        if "segment_layout" in packed:
+            ids = packed.get("shared_input_ids", packed["input_ids"])[None]
+            pos = packed.get("shared_position_ids", packed["position_ids"])[None]
+            out = model(input_ids=ids, position_ids=pos, use_cache=False,
+                        segment_layout=packed["segment_layout"])
+            logits = out.logits[0]
+            if "expand_index" in packed:  # back to the ordinary packed layout
+                logits = logits.index_select(0, packed["expand_index"])
+            return logits
         if self.attn_impl == "flash_attention_2":
             # varlen flash attention: sequence boundaries from cu_seqlens, no dense mask
             mx = int(packed["max_seqlen"])
@@ -241,16 +292,17 @@ class FSDPEngine(TrainEngine):
             raise RuntimeError("this engine has no optimizer (optimizer: null in its config)")
         self.train(True)
         mbl = self.split_micro_batches(input_)
-        packed = [pack_tensor_dict(mb) for mb in mbl.mbs]
+        packed = [self.pack(mb, idx) for mb, idx in zip(mbl.mbs, mbl.indices)]
         weights = [float(loss_weight_fn(p)) if idx else 0.0 for p, idx in zip(packed, mbl.indices)]
         totals = torch.tensor([sum(weights), float(sum(int(p["cu_seqlens"][-1]) for p in packed))],
                               dtype=torch.float64, device=self._comm_device())
-        dist.all_reduce(totals, group=self.dp_group)
+        all_reduce(totals, group=self.dp_group)
         total_w = float(totals[0])
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = torch.zeros((), dtype=torch.float64, device=self._comm_device())
         for i, (p, w) in enumerate(zip(packed, weights)):
-            model.set_requires_gradient_sync(i == len(packed) - 1)
+            if self.sharded:
+                model.set_requires_gradient_sync(i == len(packed) - 1)
             logits = self.model_forward(p)
             if w > 0 and total_w > 0:
                 loss = loss_fn(logits, p)
@@ -263,7 +315,7 @@ class FSDPEngine(TrainEngine):
                 # FSDP collectives of every rank match
                 scaled = logits.sum() * 0.0
             scaled.backward()
-        dist.all_reduce(loss_sum, group=self.dp_group)
+        all_reduce(loss_sum, group=self.dp_group)
         params = [p for p in model.parameters() if p.requires_grad]
         norm = grad_norm(params, self.dp_group)
         ok = bool(torch.isfinite(torch.tensor(norm)))
@@ -304,8 +356,8 @@ class FSDPEngine(TrainEngine):
         try:
             mbl = self.split_micro_batches(input_)
             outs = []
-            for mb in mbl.mbs:
-                p = pack_tensor_dict(mb)
+            for mb, idx in zip(mbl.mbs, mbl.indices):
+                p = self.pack(mb, idx)
                 logits = self.model_forward(p)
                 if post_hook is not None:
                     v = post_hook(logits, p)

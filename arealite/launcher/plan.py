@@ -172,7 +172,7 @@ def server_specs(
         if lc.server_backend == "embedded":  # the run's own folder: weight updates, checkpoints
             cmd += ["--weight-load-root", str(config.run_dir())]
         cmd += list(sg.extra_args)
-        env = {"OMP_NUM_THREADS": str(lc.server_threads), "PYTHONUNBUFFERED": "1", **secrets}
+        env = {"OMP_NUM_THREADS": str(thread_counts(lc)[0]), "PYTHONUNBUFFERED": "1", **secrets}
         if lc.gpus_per_server:
             env["CUDA_VISIBLE_DEVICES"] = _device_ids(i * lc.gpus_per_server, lc.gpus_per_server,
                                                       environ)
@@ -182,6 +182,21 @@ def server_specs(
 
 def _is_key_override(override: str) -> bool:
     return override.split("=", 1)[0].rsplit(".", 1)[-1] in SECRET_FIELDS
+
+
+def thread_counts(lc: LauncherConfig, cores: int | None = None) -> tuple[int, int]:
+    """(threads per server, threads per trainer rank). A 0 in the config is auto: servers get
+    an even share of the cores (each server and rank counts once), the trainer ranks split what
+    the servers leave; at least 1 each. On GPUs the threads only feed the host side."""
+    if cores is None:
+        cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                 else os.cpu_count() or 1)
+    here_servers = 0 if lc.mode == "trainer_only" else lc.n_servers
+    here_ranks = 0 if lc.mode == "server_only" else lc.trainer_nproc
+    server = lc.server_threads or max(1, cores // max(1, here_servers + here_ranks))
+    left = cores - server * here_servers
+    trainer = lc.trainer_threads or max(1, left // max(1, here_ranks))
+    return server, trainer
 
 
 def torchrun_prefix() -> list[str]:
@@ -209,7 +224,7 @@ def trainer_spec(
     cmd = [*torchrun_prefix(), "--nnodes", "1", "--nproc-per-node", str(lc.trainer_nproc),
            "--master-addr", "127.0.0.1", "--master-port", str(master_port),
            "-m", entry_module(config), str(config_path), *overrides]
-    env = {"OMP_NUM_THREADS": str(lc.trainer_threads), "PYTHONUNBUFFERED": "1",
+    env = {"OMP_NUM_THREADS": str(thread_counts(lc)[1]), "PYTHONUNBUFFERED": "1",
            "TOKENIZERS_PARALLELISM": "false", **run_keys(config, environ, "rollout")}
     if server_addrs:
         env[ADDRS_ENV] = ",".join(server_addrs)

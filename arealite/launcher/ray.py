@@ -85,7 +85,7 @@ def run(config: GRPOConfig, config_path: str, overrides: list[str], address: str
     hosts: list = []
     try:
         for spec in plan.server_specs(config, [0] * lc.n_servers):
-            opts = {"num_cpus": lc.server_threads, "num_gpus": lc.gpus_per_server}
+            opts = {"num_cpus": plan.thread_counts(lc)[0], "num_gpus": lc.gpus_per_server}
             hosts.append(host_cls.options(**opts).remote(spec, log_dir, True))
         addrs = ray.get([h.addr.remote() for h in hosts])
         deadline = time.monotonic() + lc.startup_timeout
@@ -97,7 +97,7 @@ def run(config: GRPOConfig, config_path: str, overrides: list[str], address: str
         print(f"{plan.ADDRS_ENV}={','.join(addrs)}", flush=True)
         spec = plan.trainer_spec(config, config_path, overrides, 0, addrs)
         hosts.append(host_cls.options(
-            num_cpus=lc.trainer_threads * lc.trainer_nproc,
+            num_cpus=plan.thread_counts(lc)[1] * lc.trainer_nproc,
             num_gpus=lc.trainer_nproc if lc.gpus_per_server else 0,
         ).remote(spec, log_dir, False))
         while True:

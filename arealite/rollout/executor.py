@@ -15,7 +15,8 @@ least 16):
   fill the output bound; the gate is then closed until the trainer consumes.
 
 What ``wait`` returns: the trajectories the workflow returned, concatenated with
-``concat_padded_tensors``, in completion order; nothing is added. Trajectories that started
+``concat_padded_tensors``, in completion order (the oldest starts when more are ready, and room
+kept for running episodes the batch is the last chance for: ``staleness.py``); nothing is added. Trajectories that started
 more than η versions before the current version are dropped at consumption (counted as
 ``stale`` and ``rejected``; a ``prepare_batch`` row is drawn again), so none is trained on later
 than invariant 1 allows and no prompt is lost to it.
@@ -44,11 +45,12 @@ from arealite.api.config import InferenceEngineConfig
 from arealite.api.io_struct import RolloutStat, VersionClock
 from arealite.api.trajectory import TensorDict, check_trajectory, concat_padded_tensors
 from arealite.api.workflow_api import RolloutWorkflow
+from arealite.rollout import staleness
 from arealite.rollout.data_cycle import DataCycle, ExecutorDataState
 from arealite.rollout.errors import RolloutFailing, RolloutQueueFull, RolloutTimeout
 from arealite.rollout.idle import IdleMeter
 from arealite.rollout.loop_thread import LoopThread
-from arealite.rollout.staleness import StalenessManager
+from arealite.rollout.staleness import StalenessManager, generated_tokens, take_oldest
 
 logger = logging.getLogger("arealite.rollout.executor")
 
@@ -90,6 +92,7 @@ class WorkflowExecutor(ExecutorDataState):
         self._paused = False
         self._held = False  # drain(): no new episode, running ones go on generating
         self._stale = 0
+        self._tokens = {"stale_tokens": 0, "trained_tokens": 0}  # generated tokens, by fate
         self.episode_retries = config.episode_retries
         self._fail_streak = 0  # episodes failed in a row (reset by any episode that finishes)
         self._last_failure = ""
@@ -98,6 +101,7 @@ class WorkflowExecutor(ExecutorDataState):
         self._lt.on_exit = self._notify_all
         self._tasks: set[asyncio.Task] = set()
         self._running: dict[int, _Pending] = {}  # started episodes, by launch number
+        self._starts: dict[int, tuple[int | None, int]] = {}  # their (group, start version)
         self._launches = itertools.count()
         self._data = DataCycle()
         self._idle = IdleMeter()  # fed where _running goes 0 -> 1 and back
@@ -180,6 +184,7 @@ class WorkflowExecutor(ExecutorDataState):
                     self._idle.busy()
                 self._running[key] = item
                 start_version = g.version
+                self._starts[key] = (item.group, start_version)
                 self._cond.notify_all()  # room in the input queue
             task = self.loop.create_task(self._run_episode(key, item, start_version))
             self._tasks.add(task)
@@ -224,9 +229,10 @@ class WorkflowExecutor(ExecutorDataState):
     def _end_locked(self, key: int) -> None:
         """Episode ``key`` is no longer running (call under ``_cond``); the last one starts idle."""
         self._running.pop(key, None)
+        self._starts.pop(key, None)
         if not self._running:
             self._idle.idle()
-            self._cond.notify_all()  # drain() waits for this
+        self._cond.notify_all()  # drain() waits for the last; a batch for a last-chance one
 
     def _finish_group(self, group: int | None) -> None:
         with self._cond:
@@ -352,10 +358,16 @@ class WorkflowExecutor(ExecutorDataState):
         """Take ``count`` results of ``group`` (all of them when ``count`` is None) that pass the
         checks. On timeout, puts back what it took and raises or returns None."""
         deadline = time.monotonic() + (self.default_timeout if timeout is None else timeout)
+        hold_until = time.monotonic() + staleness.LAST_CHANCE_WAIT
         kept: list[_Result] = []
         while count is None or len(kept) < count:
             with self._cond:
-                taken = self._take_locked(group, None if count is None else count - len(kept))
+                n = None if count is None else count - len(kept)
+                if n is not None and time.monotonic() < hold_until:  # room for the running
+                    # episodes this batch is the last chance for (staleness.LAST_CHANCE_WAIT)
+                    n -= min(n, self.gate.last_chance([v for grp, v in self._starts.values()
+                                                       if grp == group]))
+                taken = self._take_locked(group, n) if n != 0 else []
                 if not taken:
                     left = deadline - time.monotonic()
                     if count is None or left <= 0:
@@ -376,6 +388,7 @@ class WorkflowExecutor(ExecutorDataState):
             for r in taken:  # user code runs outside the lock
                 if self.gate.is_stale(r.start_version):
                     self._stale += 1
+                    self._tokens["stale_tokens"] += generated_tokens(r.traj)
                     dropped += 1
                     # counted in rollout/stale each step; one line per drop drowned the console
                     logger.debug("dropped a trajectory started at version %d (stale)", r.start_version)
@@ -386,6 +399,7 @@ class WorkflowExecutor(ExecutorDataState):
                     dropped += 1
                 else:
                     kept.append(r)
+                    self._tokens["trained_tokens"] += generated_tokens(r.traj)
             for _ in range(dropped):
                 self.gate.on_drop_accepted()
             self._wake_loop()  # room in the output bound (and in the budget, if dropped)
@@ -403,12 +417,7 @@ class WorkflowExecutor(ExecutorDataState):
             )
 
     def _take_locked(self, group: int | None, n: int | None) -> list[_Result]:
-        taken, rest = [], deque()
-        while self._results and (n is None or len(taken) < n):
-            r = self._results.popleft()
-            (taken if r.group == group else rest).append(r)
-        rest.extend(self._results)
-        self._results = rest
+        taken, self._results = take_oldest(self._results, group, n)
         return taken
 
     # ------------------------------------------------------------------ control and counters
@@ -474,7 +483,7 @@ class WorkflowExecutor(ExecutorDataState):
             "rejected": s.rejected, "failed": s.failed, "stale": self._stale,
             "redrawn": self._data.redrawn, "dropped": self._data.dropped,
             "pending": pending, "ready": ready, "capacity": self.gate.capacity(),
-            "version": self.gate.version,
+            "version": self.gate.version, **self._tokens,
         }
 
     def idle_stats(self) -> dict[str, float]:

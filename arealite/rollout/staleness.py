@@ -13,6 +13,12 @@ version, so an episode admitted at version v is (in order of admission) among th
 order, so the executor also drops, at consumption, any trajectory that started more than η
 versions ago (``is_stale``) - the gate keeps that rare, the check makes it a guarantee.
 
+Nothing generated is thrown away for arriving late: a batch keeps room for the running episodes
+for which it is the last chance (``last_chance``) and waits for them, up to ``LAST_CHANCE_WAIT``
+seconds per batch (a hung episode cannot stall training), while younger ready ones wait a step;
+and ready trajectories are consumed oldest start first (``take_oldest``). The share of generated
+tokens dropped anyway is reported as ``rollout/untrained_token_share``.
+
 Restart safety: a recovered run at version v has consumed v·B trajectories, so
 ``on_version_recovered(v)`` restores ``accepted = v·B`` with nothing running. Without it, a
 fresh counter would admit (η + v + 1)·B episodes at once, all started at v.
@@ -21,9 +27,14 @@ fresh counter would admit (η + v + 1)·B episodes at once, all started at v.
 from __future__ import annotations
 
 import threading
+from collections import deque
 from dataclasses import asdict
+from typing import Any
 
 from arealite.api.io_struct import RolloutStat, VersionClock
+
+# Seconds a batch waits at most for running episodes it is the last chance for (see above).
+LAST_CHANCE_WAIT = 30.0
 
 
 class StalenessManager:
@@ -80,6 +91,12 @@ class StalenessManager:
         with self._lock:
             return RolloutStat(**asdict(self._stat))
 
+    def last_chance(self, start_versions: list[int]) -> int:
+        """How many of these (running) episodes the next version makes stale: a batch taken now
+        is the last one that may train them."""
+        v = self._clock.value
+        return sum(1 for s in start_versions if v - s >= self.max_staleness)
+
     def is_stale(self, start_version: int, version: int | None = None) -> bool:
         """True when a trajectory that started at ``start_version`` may no longer be trained on."""
         v = self._clock.value if version is None else version
@@ -133,3 +150,22 @@ class StalenessManager:
         with self._lock:
             self._stat.accepted -= 1
             self._stat.rejected += 1
+
+
+def take_oldest(results: deque, group: Any, n: int | None) -> tuple[list, deque]:
+    """Split ``results`` (items with ``.group`` and ``.start_version``) into up to ``n`` of
+    ``group`` to consume and the rest. When more are ready than needed the oldest starts go
+    first: they are the ones the next version would make stale (a drop throws away their
+    generation); younger ones wait a step and are still in time. Each keeps its queue order."""
+    mine = [r for r in results if r.group == group]
+    if n is not None and len(mine) > n:
+        chosen = {id(r) for r in sorted(mine, key=lambda r: r.start_version)[:n]}
+        mine = [r for r in mine if id(r) in chosen]
+    picked = {id(r) for r in mine}
+    return mine, deque(r for r in results if id(r) not in picked)
+
+
+def generated_tokens(traj: Any) -> int:
+    """Generated (loss-mask) tokens of a trajectory dict; 0 when it has no ``loss_mask``."""
+    lm = traj.get("loss_mask") if isinstance(traj, dict) else None
+    return int(lm.sum()) if lm is not None else 0

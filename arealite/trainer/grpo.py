@@ -120,17 +120,18 @@ def main(argv: list[str] | None = None) -> int:
     # Training time only (evaluations excluded), carried over a restart for total_train_seconds.
     clock = TrainClock(info.extra.get("train_seconds", 0.0) if info else 0.0)
     rollout.idle_stats()  # rollout/idle_ratio (no episode in flight): the first window opens here
+    # timeperf/step runs from the end of the previous step (its logging and checkpoint
+    # included) to this step's commit, evaluation excluded: the steps' sum is the loop's time.
+    t0 = time.perf_counter()
     for step in range(start_step, total_steps):
         epoch = step // ft.steps_per_epoch
-        t0 = time.perf_counter()
         with timer("rollout_wait"):
             if config.async_training:
                 batch = rollout.prepare_batch(loader, workflow)
             else:
                 batch = rollout.rollout_batch(cycle.next_rows(loader), workflow)
         with timer("logp"):
-            if config.actor.recompute_logprob:
-                batch["prox_logp"] = actor.compute_logp(batch)
+            actor.prepare_prox_logp(batch)  # fused into the update when it can be
             if ref is not None:
                 batch["ref_logp"] = ref.compute_logp(batch)
             actor.compute_advantages(batch)
@@ -148,13 +149,16 @@ def main(argv: list[str] | None = None) -> int:
         last = step + 1 == total_steps or out_of_time
         if saver.check(epochs=epoch_done, steps=1) or last:
             actor.save(SaveLoadMeta(str(config.run_dir("checkpoints", f"step{step + 1}")), "hf", tokenizer=tokenizer))
-        stats.update(batch_rollout_stats(batch, rollout, version, time.perf_counter() - t0))
         stats.update(rollout.idle_stats())
-        stats["timeperf/train_elapsed"] = clock.elapsed()
+        eval_secs = 0.0
         if valid_rows and rank0_decides(evaluator.check(steps=1) or last):
             with clock.paused():
+                te = time.perf_counter()
                 stats.update(run_eval(version))
+                eval_secs = time.perf_counter() - te
+        stats["timeperf/train_elapsed"] = clock.elapsed()
         stats.update(stats_tracker.export())
+        stats.update(batch_rollout_stats(batch, rollout, version, time.perf_counter() - t0 - eval_secs))
         ids_log.record(step + 1, batch.get("sample_ids"))
         logger.commit(step + 1, stats)
         observers.step(step + 1, version, t0, stats)
@@ -165,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
                                    evaluator_state=evaluator.state_dict(), checkpointer_state=checkpointer.state_dict(),
                                    extra={"data": data_state(), "train_seconds": clock.elapsed()})
             rec.save_checkpoint(rec.recover_root(config), info, lambda d: actor.save(SaveLoadMeta(str(d), "dcp", with_optim=True)))
+        t0 = time.perf_counter()
         if out_of_time:
             break
 

@@ -45,6 +45,10 @@ def batch_rollout_stats(batch: dict[str, torch.Tensor], rollout: Any, version: i
     if callable(counters):
         for k, val in counters().items():
             out[f"rollout/{k}"] = float(val)
+        # generated tokens thrown away as stale, over all generated tokens consumed so far
+        gone, kept = out.get("rollout/stale_tokens", 0.0), out.get("rollout/trained_tokens", 0.0)
+        if gone + kept > 0:
+            out["rollout/untrained_token_share"] = gone / (gone + kept)
     for k, val in reward_stats().items():
         out[f"reward_fn/{k}"] = float(val)
     return out

@@ -249,26 +249,39 @@ def dummy_row(like: TensorDict) -> TensorDict:
 
 
 def split_into_micro_batches(
-    data: TensorDict, max_tokens_per_mb: int, min_n_mbs: int = 1, group=None
+    data: TensorDict, max_tokens_per_mb: int, min_n_mbs: int = 1, group=None,
+    units: Sequence[Sequence[int]] | None = None, unit_sizes: Sequence[int] | None = None,
 ) -> MicroBatchList:
     """First-fit-decreasing micro-batches of at most ``max_tokens_per_mb`` real tokens.
 
+    With ``units`` (lists of row indices, e.g. GRPO groups) whole units are allocated, each
+    costing ``unit_sizes`` tokens (default: the sum of its rows' lengths), and stay together.
     With a process ``group`` (and torch.distributed initialised) every rank ends up with the
     same count (the max over ranks): collectives inside forward/backward must match.
     Micro-batches left without rows hold one dummy row (see ``dummy_row``), at index ``[]``.
     """
     lens = seqlens_from_mask(data["attention_mask"]).tolist()
-    groups = ffd_allocate(lens, max_tokens_per_mb, min_groups=max(1, min_n_mbs))
+    if units is None:
+        units = [[i] for i in range(len(lens))]
+    sizes = list(unit_sizes) if unit_sizes is not None else [sum(lens[i] for i in u) for u in units]
+
+    def allocate(min_groups: int) -> list[list[int]]:
+        bins = ffd_allocate(sizes, max_tokens_per_mb, min_groups=min_groups)
+        return [sorted(i for u in b for i in units[u]) for b in bins]
+
+    groups = allocate(max(1, min_n_mbs))
     n = len(groups)
     if group is not None:
         import torch.distributed as dist
 
+        from arealite.utils.distributed import all_reduce
+
         if dist.is_available() and dist.is_initialized():
             dev = "cuda" if dist.get_backend(group) == "nccl" else "cpu"
             t = torch.tensor([n], device=dev)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+            all_reduce(t, op=dist.ReduceOp.MAX, group=group)
             if int(t) > n:
-                groups = ffd_allocate(lens, max_tokens_per_mb, min_groups=int(t))
+                groups = allocate(int(t))
     mbs = [select_rows(data, g) if g else dummy_row(data) for g in groups]
     return MicroBatchList(mbs, groups, len(lens), data["input_ids"].shape[1])
 

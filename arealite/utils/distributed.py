@@ -25,7 +25,23 @@ __all__ = [
     "resolve_device",
     "resolve_backend",
     "init_default_process_group",
+    "group_world_size",
+    "all_reduce",
 ]
+
+
+def group_world_size(group: dist.ProcessGroup | None = None) -> int:
+    """Ranks in ``group`` (the world by default); 1 when torch.distributed is not initialised."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return 1
+    return dist.get_world_size(group)
+
+
+def all_reduce(t: torch.Tensor, op=dist.ReduceOp.SUM, group: dist.ProcessGroup | None = None) -> None:
+    """``dist.all_reduce`` that skips a group of one (where it is the identity): a gloo
+    all-reduce costs ~1.5 ms even then, several times per trainer step."""
+    if group_world_size(group) > 1:
+        dist.all_reduce(t, op=op, group=group)
 
 
 def _as_timedelta(timeout: float | _dt.timedelta | None) -> _dt.timedelta:

@@ -27,6 +27,8 @@ from torch.distributed.fsdp import (
 )
 from torch.distributed.tensor import DTensor
 
+from arealite.utils.distributed import all_reduce
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -132,7 +134,7 @@ def grad_norm(params: Iterable[nn.Parameter], group: dist.ProcessGroup | None = 
         if dist.get_backend(group) == "nccl":
             dev = torch.device("cuda", torch.cuda.current_device())
         sharded = sharded.to(dev or "cpu")
-        dist.all_reduce(sharded, group=group)
+        all_reduce(sharded, group=group)
     return float((sharded.cpu() + plain.cpu()).sqrt())
 
 

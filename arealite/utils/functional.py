@@ -8,6 +8,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from arealite.utils.distributed import all_reduce as reduce_across
+
 # --------------------------------------------------------------------------- logprobs
 
 
@@ -93,7 +95,7 @@ def masked_normalization(
         dev = stacked.device
         if dist.get_backend(reduce_group) == "nccl" and dev.type != "cuda":
             stacked = stacked.cuda()
-        dist.all_reduce(stacked, group=reduce_group)
+        reduce_across(stacked, group=reduce_group)
         count, s1, s2 = (t.reshape(count.shape).to(dev) for t in stacked.chunk(3))
     mean = s1 / count.clamp_min(1)
     var = (s2 / count.clamp_min(1) - mean.square()).clamp_min(0)

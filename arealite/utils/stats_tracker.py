@@ -189,7 +189,9 @@ class StatsTracker:
         process group to reduce over (default: the world). Collective: every rank must call."""
         import torch.distributed as dist
 
-        distributed = dist.is_available() and dist.is_initialized()
+        # a group of one has nothing to agree on or reduce
+        distributed = (dist.is_available() and dist.is_initialized()
+                       and dist.get_world_size(reduce_group) > 1)
         local_types = {k: a.reduce_type.value for k, a in self._accs.items()}
         if distributed:
             gathered: list[dict[str, str] | None] = [None] * dist.get_world_size(reduce_group)

@@ -184,3 +184,18 @@ def test_ray_launcher_help_and_clear_error_without_ray(capsys, monkeypatch):
     assert "needs ray" in capsys.readouterr().err
     assert ray_launcher.main([str(REPO / "configs" / "toy_sft.yaml")]) == 2
     assert "kind must be grpo" in capsys.readouterr().err
+
+
+def test_auto_threads_split_the_cores():
+    from arealite.api.config import LauncherConfig
+    from arealite.launcher.plan import thread_counts
+
+    assert thread_counts(LauncherConfig(), cores=16) == (1, 1)  # explicit: as configured
+    auto = {"server_threads": 0, "trainer_threads": 0}
+    assert thread_counts(LauncherConfig(**auto), cores=2) == (1, 1)  # the main job here
+    assert thread_counts(LauncherConfig(**auto), cores=16) == (8, 8)
+    assert thread_counts(LauncherConfig(n_servers=4, trainer_nproc=2, **auto), cores=16) == (2, 4)
+    assert thread_counts(LauncherConfig(n_servers=3, server_threads=2, trainer_threads=0),
+                         cores=16) == (2, 10)
+    assert thread_counts(LauncherConfig(mode="trainer_only", n_servers=4, **auto), cores=8) == (8, 8)
+    assert thread_counts(LauncherConfig(n_servers=8, trainer_nproc=8, **auto), cores=2) == (1, 1)

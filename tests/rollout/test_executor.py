@@ -356,3 +356,39 @@ def test_drain_times_out_with_the_counters(executors):
     with pytest.raises(RolloutTimeout, match="drain"):
         ex.drain(timeout=0.2)
     ex.undrain()
+
+
+class SlowFirstWorkflow(EchoWorkflow):
+    """Episode 0 takes ``slow`` seconds; the others finish at once."""
+
+    def __init__(self, slow: float):
+        super().__init__()
+        self.slow = slow
+
+    async def arun_episode(self, engine, data):
+        if data["id"] == 0:
+            await asyncio.sleep(self.slow)
+        return await super().arun_episode(engine, data)
+
+
+def test_a_batch_waits_for_the_episode_it_is_the_last_chance_for(executors):
+    """Episode 0 runs long; when the batch at version 1 is its last chance (η = 1), the batch
+    keeps a place for it instead of filling up with younger ready ones: nothing goes stale."""
+    ex = executors(b=2, eta=1)
+    wf = SlowFirstWorkflow(slow=1.0)
+    for i in range(4):  # capacity (η + 0 + 1)·B = 4: all start at version 0
+        ex.submit({"id": i}, wf)
+    settle(ex, lambda c: c["accepted"] == 3)
+    first = ex.wait(2, timeout=5)
+    assert sorted(first["rewards"].tolist()) == [1.0, 2.0]  # not its last chance yet
+    ex.set_version(1)
+    for i in (4, 5):  # younger episodes, ready before episode 0
+        ex.submit({"id": i}, wf)
+    settle(ex, lambda c: c["ready"] >= 3 or c["running"] == 0)
+    second = ex.wait(2, timeout=5)
+    assert sorted(second["rewards"].tolist()) == [0.0, 3.0]
+    ex.set_version(2)
+    third = ex.wait(2, timeout=5)
+    assert sorted(third["rewards"].tolist()) == [4.0, 5.0]
+    c = ex.counters()
+    assert c["stale"] == 0 and c["stale_tokens"] == 0

@@ -165,3 +165,21 @@ def test_gate_never_starves_a_trainer():
             for _ in range(3):
                 assert g.version - ready.popleft() <= eta
             g.set_version(g.version + 1)
+
+
+def test_take_oldest_consumes_the_oldest_starts_first():
+    from types import SimpleNamespace as R
+
+    import torch
+
+    from arealite.rollout.staleness import generated_tokens, take_oldest
+
+    q = deque([R(group=None, start_version=v, i=i) for i, v in enumerate([3, 1, 2, 1, 3])])
+    q.append(R(group=7, start_version=0, i=5))  # another caller's group: never taken here
+    taken, rest = take_oldest(q, None, 3)
+    assert [r.i for r in taken] == [1, 2, 3]  # versions 1, 2, 1, in queue order
+    assert [r.i for r in rest] == [0, 4, 5]
+    taken, rest = take_oldest(rest, None, None)
+    assert [r.i for r in taken] == [0, 4] and [r.i for r in rest] == [5]
+    assert generated_tokens({"loss_mask": torch.tensor([[0, 1, 1], [1, 0, 0]])}) == 3
+    assert generated_tokens({}) == 0

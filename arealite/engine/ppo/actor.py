@@ -2,8 +2,7 @@
 
 One trainer step of the entry script::
 
-    if actor.config.recompute_logprob:
-        batch["prox_logp"] = actor.compute_logp(batch)      # proximal policy
+    actor.prepare_prox_logp(batch)                          # proximal policy, when needed
     if ref is not None:
         batch["ref_logp"] = ref.compute_logp(batch)          # frozen reference (kl_ctl > 0)
     actor.compute_advantages(batch)                         # adds advantages, returns, ...
@@ -14,6 +13,12 @@ logprobs from the servers, ``prox_logp`` the recomputed ones, ``ref_logp`` the r
 model's. The meaning of ``recompute_logprob`` / ``use_decoupled_loss`` is documented at the top
 of ``arealite.engine.ppo.loss``, beside the loss; the advantages are ``arealite.engine.ppo.advantages``. Groups (``group_size`` consecutive rows) must not be split
 across ranks; batch-level advantage normalisation is reduced across ranks.
+
+No forward whose result is known (``prepare_prox_logp``): with one minibatch and no KL term the
+proximal policy is the weights the update's own forward runs with, so the update takes the
+proximal logprobs from that forward (detached) and writes them back to ``batch["prox_logp"]``;
+otherwise rows whose every generated token is of the current version take their behaviour
+logprobs and only the other rows are recomputed.
 """
 
 from __future__ import annotations
@@ -36,7 +41,12 @@ from arealite.engine.ppo.advantages import (
     reward_transform,
 )
 from arealite.engine.ppo.loss import actor_loss
-from arealite.utils.data import balanced_partition, select_rows, seqlens_from_mask
+from arealite.utils.data import (
+    balanced_partition,
+    select_rows,
+    seqlens_from_mask,
+    unpack_to_padded,
+)
 from arealite.utils.functional import gather_logprobs, last_true_index, masked_normalization
 from arealite.utils.stats_tracker import StatsTracker
 
@@ -62,6 +72,37 @@ class PPOActor:
             return gather_logprobs(logits, mb["labels"], temperature=temp)
 
         return self.engine.forward(data, post_hook=hook)
+
+    @property
+    def fuses_prox_logp(self) -> bool:
+        """The update's forward gives the proximal logprobs: one optimizer step (the weights do
+        not move between its micro-batches) and no KL term (advantages do not read them)."""
+        c = self.config
+        return c.recompute_logprob and c.ppo_n_minibatches == 1 and c.kl_ctl == 0
+
+    @torch.no_grad()
+    def prepare_prox_logp(self, data: TensorDict) -> str:
+        """Make the proximal logprobs available at the least cost; returns how: ``none``
+        (not used), ``fused`` (left to ``ppo_update``, see the module docstring) or
+        ``recomputed:N`` (N stale rows ran a forward, the others took their behaviour logprobs)."""
+        if not self.config.recompute_logprob:
+            return "none"
+        if self.fuses_prox_logp:
+            data.pop("prox_logp", None)
+            return "fused"
+        lm = data["loss_mask"].bool()
+        if "versions" in data:
+            current = (data["versions"] == self.engine.get_version()) | ~lm
+            stale = torch.nonzero(~current.all(1)).squeeze(-1)
+        else:
+            stale = torch.arange(lm.shape[0])
+        prox = torch.where(lm, data["logprobs"].float(), 0.0)
+        if len(stale):
+            got = self.compute_logp(select_rows(data, stale))
+            prox[stale, : got.shape[1]] = got
+            prox[stale, got.shape[1]:] = 0.0
+        data["prox_logp"] = prox
+        return f"recomputed:{len(stale)}"
 
     # ------------------------------------------------------------------ advantages
 
@@ -89,9 +130,10 @@ class PPOActor:
             rewards = torch.where(self._no_eos(data), 0.0, rewards)
         if c.group_reward_norm:
             rewards = group_normalization(rewards, c.group_size)
-        if c.recompute_logprob and "prox_logp" not in data:
-            raise KeyError("recompute_logprob=True: set data['prox_logp'] = compute_logp(data)")
-        old = data["prox_logp"] if c.recompute_logprob else data["logprobs"]
+        if c.recompute_logprob and "prox_logp" not in data and c.kl_ctl > 0:
+            raise KeyError("recompute_logprob=True: call prepare_prox_logp(data) first")
+        # with kl_ctl == 0 the "old" logprobs only give the KL term's shape
+        old = data["prox_logp"] if "prox_logp" in data else data["logprobs"]
         ref = data.get("ref_logp")
         if c.kl_ctl > 0 and ref is None:
             raise KeyError("kl_ctl > 0 needs data['ref_logp'] from the reference model")
@@ -116,18 +158,24 @@ class PPOActor:
         c = self.config
         if "advantages" not in data:
             raise KeyError("call compute_advantages(data) before ppo_update(data)")
-        if c.recompute_logprob and "prox_logp" not in data:
+        fused = c.recompute_logprob and "prox_logp" not in data
+        if fused and not self.fuses_prox_logp:
             raise KeyError("recompute_logprob=True but data has no 'prox_logp'")
         self._record_batch_stats(data)
         lens = seqlens_from_mask(data["attention_mask"]).tolist()
         parts = balanced_partition(lens, c.ppo_n_minibatches)
         step_stats = []
-        loss_fn = functools.partial(actor_loss, config=c, tracker=self.tracker)
+        sink: list[tuple[torch.Tensor, TensorDict]] | None = [] if fused else None
+        loss_fn = functools.partial(actor_loss, config=c, tracker=self.tracker, prox_sink=sink)
         for idx in parts:
             mb = select_rows(data, idx)
+            if fused:
+                mb["row_index"] = torch.as_tensor(idx, dtype=torch.long)
             step_stats.append(self.engine.train_batch(
                 mb, loss_fn, lambda p: p["loss_mask"].sum()))
         self.engine.step_lr_scheduler()
+        if fused:
+            data["prox_logp"] = _gather_prox(sink, data["input_ids"].shape)
         for s in step_stats:
             self.tracker.scalar(grad_norm=s["grad_norm"], lr=s["lr"], loss=s["loss"],
                                 update_successful=s["update_successful"])
@@ -148,6 +196,18 @@ class PPOActor:
             t.stat(denominator="n_valid_tokens", staleness=stale)
 
 
+def _gather_prox(sink: list[tuple[torch.Tensor, TensorDict]], shape: torch.Size) -> torch.Tensor:
+    """The proximal logprobs the update's micro-batches computed, back to ``[B, S]`` (each value
+    on the token it describes, 0 where nothing was predicted)."""
+    out = torch.zeros(shape, dtype=torch.float32)
+    for logp, mb in sink:
+        cu = mb["cu_seqlens"].cpu()
+        width = int((cu[1:] - cu[:-1]).max())
+        padded = unpack_to_padded(logp.float().cpu(), cu, width, shift_back=True)
+        out[mb["row_index"].cpu(), :width] = padded
+    return out
+
+
 def _group(engine: TrainEngine) -> Any:
     return getattr(engine, "dp_group", None) if dist.is_initialized() else None
 
@@ -160,6 +220,8 @@ class FSDPPPOActor(FSDPEngine):
                  seed: int = 1, clock: VersionClock | None = None):
         super().__init__(config, device=device, backend=backend, seed=seed, clock=clock)
         self.actor = PPOActor(config, self)
+        if config.shared_prompt_packing:
+            self.prefix_group_size = config.group_size
 
     def initialize(self, addr=None, ft_spec=None) -> None:
         super().initialize(addr, ft_spec)
@@ -169,6 +231,9 @@ class FSDPPPOActor(FSDPEngine):
 
     def compute_logp(self, data: TensorDict, temperature: float | None = None) -> torch.Tensor:
         return self.actor.compute_logp(data, temperature)
+
+    def prepare_prox_logp(self, data: TensorDict) -> str:
+        return self.actor.prepare_prox_logp(data)
 
     def compute_advantages(self, data: TensorDict) -> None:
         self.actor.compute_advantages(data)

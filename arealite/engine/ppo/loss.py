@@ -137,18 +137,25 @@ def ppo_critic_loss_fn(
 
 
 def actor_loss(
-    logits: torch.Tensor, mb: TensorDict, config: PPOActorConfig, tracker: StatsTracker
+    logits: torch.Tensor, mb: TensorDict, config: PPOActorConfig, tracker: StatsTracker,
+    prox_sink: list | None = None,
 ) -> torch.Tensor:
     """The policy loss of one micro-batch; which logprobs play which role follows the two
-    switches described at the top of this module."""
+    switches described at the top of this module. With ``prox_sink`` (a list) the proximal
+    logprobs are this forward's own, detached (the weights are the proximal policy's: see
+    ``PPOActor.prepare_prox_logp``), and ``(logprobs, mb)`` is appended to it."""
     c = config
     lm = mb["loss_mask"].bool()
     logp = gather_logprobs(logits, mb["labels"], temperature=c.temperature)
     behave = mb["logprobs"]
+    recomputed = mb.get("prox_logp")
+    if prox_sink is not None:
+        recomputed = logp.detach()
+        prox_sink.append((recomputed, mb))
     if c.use_decoupled_loss:
-        prox, old = mb["prox_logp"], behave
+        prox, old = recomputed, behave
     elif c.recompute_logprob:
-        prox, old = None, mb["prox_logp"]  # standard PPO against the recomputed policy
+        prox, old = None, recomputed  # standard PPO against the recomputed policy
     else:
         prox, old = None, behave  # standard PPO against the servers' logprobs
     loss, st = ppo_actor_loss_fn(
