@@ -9,9 +9,10 @@ import pytest
 
 @pytest.fixture(scope="session")
 def tool_model_dir(tiny_model_dir, tmp_path_factory) -> Path:
-    from tests.agent.tool_model import CONVERSATION, teach
+    from tests.agent.tool_model import CONVERSATION, THINK_CONVERSATION, teach, think_template
 
-    return teach(Path(tiny_model_dir), tmp_path_factory.mktemp("tool_model"), [CONVERSATION])
+    return teach(Path(tiny_model_dir), tmp_path_factory.mktemp("tool_model"),
+                 [CONVERSATION, THINK_CONVERSATION], templates=[None, think_template()])
 
 
 @pytest.fixture(scope="module")
@@ -20,5 +21,6 @@ def tool_server(tool_model_dir):
     from tests.procs import embedded_server
 
     with embedded_server(str(tool_model_dir),
-                         ["--random-seed", "0", "--tool-call-parser", "qwen25"]) as addr:
+                         ["--random-seed", "0", "--tool-call-parser", "qwen25",
+                          "--weight-version", "0"]) as addr:
         yield addr
