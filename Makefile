@@ -11,7 +11,7 @@ AREAL_STAMP := $(AREAL_VENV)/.areal-installed
 export OMP_NUM_THREADS ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup setup-areal run test test-unit lint docs bench clean
+.PHONY: setup setup-areal run run-agent test test-unit lint docs bench clean
 
 setup: $(STAMP)
 
@@ -40,6 +40,10 @@ $(AREAL_STAMP): tests/servers/areal_requirements.txt Makefile
 
 run: $(STAMP)
 	$(VENV)/bin/arealite main-job
+
+# docs/agents.md: a calculator-calling agent trained through the agent proxy
+run-agent: $(STAMP)
+	$(VENV)/bin/arealite agent-job
 
 test: $(STAMP) $(AREAL_STAMP)
 	$(PY) -m pytest -q

@@ -71,10 +71,16 @@ class TinyModelSpec:
     num_key_value_heads: int = 2
     max_position_embeddings: int = 512
     tie_word_embeddings: bool = False  # untied: servers reload weights in place
+    # text the tokenizer is trained on: "toy_math", or "toy_tools" (toy math plus calculator
+    # tool-call traces, so a tool call is tens of tokens rather than one per character)
+    corpus: str = "toy_math"
 
 
-def _tokenizer_corpus(seed: int) -> list[str]:
+def _tokenizer_corpus(seed: int, corpus: str = "toy_math") -> list[str]:
     from arealite.dataset.toy_math import generate_toy_math
+
+    if corpus not in ("toy_math", "toy_tools"):
+        raise ValueError(f"unknown tokenizer corpus {corpus!r}: toy_math or toy_tools")
 
     rows = generate_toy_math(n=3000, seed=seed)
     texts = []
@@ -82,6 +88,10 @@ def _tokenizer_corpus(seed: int) -> list[str]:
         texts.append(f"{IM_START}user\n{r['question']}{IM_END}\n{IM_START}assistant\n")
         texts.append(r["answer"])
     texts.append("The capital of France is Paris. Answer again: wrong, try once more.")
+    if corpus == "toy_tools":
+        from arealite.dataset.toy_tools import corpus_texts
+
+        texts += corpus_texts(seed=seed)
     return texts
 
 
@@ -102,7 +112,7 @@ def build_tokenizer(out_dir: str | Path, spec: TinyModelSpec | None = None):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_tokenizer_corpus(spec.seed), trainer=trainer)
+    tok.train_from_iterator(_tokenizer_corpus(spec.seed, spec.corpus), trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token=IM_END,
