@@ -2,8 +2,8 @@
 
 1. builds a tiny model whose tokenizer knows tool-call text, the multiplication task and its
    rendered tool-call traces (``{fileroot}/agent_assets``) when missing;
-2. warm-starts the policy by SFT on the traces, stopped at a low held-out accuracy so that RL
-   has something to do;
+2. warm-starts the policy by SFT on the traces (a fixed, short number of steps: the agent
+   then often calls the tool with wrong operands or miscopies the result, leaving RL work);
 3. runs async GRPO (``configs/toy_agent_grpo.yaml``): ``AgentWorkflow`` runs
    ``examples/tool_agent/agent.py`` (plain OpenAI-client code) against the agent proxy;
 4. draws the reward and held-out accuracy curve.
@@ -21,8 +21,6 @@ from arealite.api.config_loader import ConfigError, load_config
 
 GRPO_CONFIG = "configs/toy_agent_grpo.yaml"
 SFT_CONFIG = "configs/toy_agent_sft.yaml"
-# teacher-forced accuracy over both turn kinds (tool call, answer) where SFT stops
-SFT_STOP_ACCURACY = 0.5
 
 
 def build_assets(assets: Path) -> None:
@@ -66,8 +64,7 @@ def main(overrides: list[str] | None = None) -> int:
     if not (sft_model / "config.json").is_file():
         print(f"== 2/3 SFT warm start on tool-call traces -> {sft_model}", flush=True)
         code = launch([SFT_CONFIG, *asset_overrides(assets, "model.path"),
-                       f"cluster.fileroot={fileroot}", f"output_dir={sft_model}",
-                       f"stop_at_valid_accuracy={SFT_STOP_ACCURACY}"])
+                       f"cluster.fileroot={fileroot}", f"output_dir={sft_model}"])
         if code != 0:
             print(f"arealite: SFT warm start failed (exit {code})", file=sys.stderr)
             return code
