@@ -210,8 +210,9 @@ class AgentProxy:
 
     async def _guard(self, request: Request, fn) -> Response:
         try:
+            raw = await request.body() if request.method == "POST" else b""
             try:
-                body = await request.json() if request.method == "POST" else {}
+                body = json.loads(raw) if raw.strip() else {}
             except (json.JSONDecodeError, UnicodeDecodeError):
                 return _error("the request body is not valid JSON")
             return await fn(body)

@@ -186,3 +186,51 @@ def test_concurrent_sessions_across_a_weight_update(engine, tokenizer, tool_mode
     k = t.versions.index(1) if 1 in t.versions else 400
     assert t.versions == [0] * k + [1] * (400 - k)
     assert 0 < k < 400, "the update should land inside the long turn"
+
+
+def test_http_endpoint_for_agents_in_another_process(engine, tokenizer):
+    """The same proxy over real HTTP: sessions started, called, rewarded and ended by URL, as
+    an agent in another process would; errors in OpenAI's shape."""
+    from arealite.agent.proxy import AgentProxy
+
+    proxy = AgentProxy(engine, tokenizer, GREEDY)
+
+    async def main():
+        base = await proxy.serve()
+        try:
+            loop = asyncio.get_running_loop()
+
+            def http_agent() -> tuple:  # blocking code, as a separate program would be
+                sid = requests.post(f"{base}/sessions", json={}, timeout=30).json()["session_id"]
+                client = openai.OpenAI(base_url=f"{base}/sessions/{sid}/v1", api_key="x",
+                                       max_retries=0)
+                answers = []
+                msgs = [CONVERSATION[0]]
+                for _ in range(3):
+                    m = client.chat.completions.create(model="p", messages=msgs,
+                                                       tools=TOOLS).choices[0].message
+                    msgs.append(m.model_dump(exclude_none=True))
+                    if not m.tool_calls:
+                        answers.append(m.content)
+                        break
+                    msgs.append({"role": "tool", "tool_call_id": m.tool_calls[0].id,
+                                 "content": str(eval(json.loads(m.tool_calls[0].function.arguments)["expr"]))})
+                ok = requests.post(f"{base}/sessions/{sid}/reward", json={"reward": 1.0}, timeout=30)
+                bad = requests.post(f"{base}/sessions/{sid}/reward", json={"reward": "x"}, timeout=30)
+                missing = requests.post(f"{base}/sessions/nope/v1/chat/completions",
+                                        json={"messages": msgs}, timeout=30)
+                with pytest.raises(openai.BadRequestError, match="n must be 1"):
+                    client.chat.completions.create(model="p", messages=msgs, n=2)
+                end = requests.post(f"{base}/sessions/{sid}/end", timeout=30).json()
+                return sid, answers, ok.status_code, bad.json(), missing, end
+
+            return await loop.run_in_executor(None, http_agent)
+        finally:
+            await proxy.stop()
+
+    sid, answers, ok, bad, missing, end = run(engine, main())
+    assert answers == ["89"] and ok == 200
+    assert bad["object"] == "error" and bad["code"] == 400 and "finite number" in bad["message"]
+    assert missing.status_code == 404 and missing.json()["type"] == "NotFoundError"
+    assert end == {"ok": True, "turns": 3, "reward": 1.0}
+    assert len(proxy.sessions[sid].segments) == 1
