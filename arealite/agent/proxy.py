@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
+import logging
 import time
 import uuid
 from typing import Any
@@ -81,6 +82,9 @@ class AgentProxy:
             Route("/sessions/{sid}/end", self._http_end, methods=["POST"]),
         ])
         self._server: Any = None
+        for name in ("httpx2", "httpx"):  # one INFO line per in-process call otherwise
+            if logging.getLogger(name).level == logging.NOTSET:
+                logging.getLogger(name).setLevel(logging.WARNING)
 
     # ---- sessions --------------------------------------------------------------------------
     def start_session(self, session_id: str | None = None) -> AgentSession:
