@@ -62,7 +62,7 @@ def _common(body: dict[str, Any], vocab_size: int) -> tuple[dict[str, Any], int,
     mnt = _int_field(body, "max_completion_tokens", 1)
     if mnt is None:
         mnt = _int_field(body, "max_tokens", 1)
-    params["max_new_tokens"] = mnt
+    params["max_new_tokens"] = mnt  # None: up to the context, as SGLang's default
     min_tokens = _int_field(body, "min_tokens", 0)
     if min_tokens is not None:
         params["min_new_tokens"] = min_tokens
@@ -75,8 +75,6 @@ def _common(body: dict[str, Any], vocab_size: int) -> tuple[dict[str, Any], int,
         sp = SamplingParams.from_dict(params, vocab_size)  # SGLang's checks and messages
     except (TypeError, AttributeError) as e:
         raise ValueError(f"invalid sampling parameters: {e}") from None
-    if mnt is None:
-        params.pop("max_new_tokens")  # up to the context, as SGLang's chat default
     stream = body.get("stream") or False
     if not isinstance(stream, bool):
         raise ValueError("stream must be a boolean")

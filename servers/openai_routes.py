@@ -13,6 +13,7 @@ may be the start of a tool call or of a stop string.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -196,8 +197,6 @@ def _sse(obj: Any) -> bytes:
 
 async def _events(state: ServerState, seqs: list[Sequence]):
     """Yield ``(i, n_out, final)`` engine events for ``seqs``; aborts the rest on exit."""
-    import asyncio
-
     await state.wait_unpaused()
     async with state.lock.reader():
         q: asyncio.Queue = asyncio.Queue()
