@@ -14,10 +14,9 @@ Overrides (``key=value``) go to the GRPO config, e.g. ``arealite agent-job total
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
-from arealite.api.config_loader import ConfigError, load_config
+from arealite.trainer.main_job import run_job
 
 GRPO_CONFIG = "configs/toy_agent_grpo.yaml"
 SFT_CONFIG = "configs/toy_agent_sft.yaml"
@@ -46,42 +45,11 @@ def asset_overrides(assets: Path, model_key: str) -> list[str]:
 
 
 def main(overrides: list[str] | None = None) -> int:
-    from arealite.launcher.local import main as launch
-    from arealite.utils.stats_logger import plot_metrics
-
-    try:
-        fileroot = load_config(GRPO_CONFIG, list(overrides or [])).cluster.fileroot
-        assets = Path(fileroot) / "agent_assets"
-        overrides = asset_overrides(assets, "actor.path") + list(overrides or [])
-        grpo = load_config(GRPO_CONFIG, overrides)
-    except ConfigError as e:
-        print(f"arealite: config error: {e}", file=sys.stderr)
-        return 2
-    t0 = time.monotonic()
-    print("== 1/3 building the tiny model and the calculator task", flush=True)
-    build_assets(assets)
-    sft_model = Path(grpo.actor.path)
-    if not (sft_model / "config.json").is_file():
-        print(f"== 2/3 SFT warm start on tool-call traces -> {sft_model}", flush=True)
-        code = launch([SFT_CONFIG, *asset_overrides(assets, "model.path"),
-                       f"cluster.fileroot={fileroot}", f"output_dir={sft_model}"])
-        if code != 0:
-            print(f"arealite: SFT warm start failed (exit {code})", file=sys.stderr)
-            return code
-    else:
-        print(f"== 2/3 SFT warm start: reusing {sft_model}", flush=True)
-    print("== 3/3 async GRPO of the agent through the proxy", flush=True)
-    code = launch([GRPO_CONFIG, *overrides])
-    out = grpo.run_dir()
-    metrics = out / "logs" / "metrics.jsonl"
-    if metrics.is_file():
-        png = out / "reward_curve.png"
-        plot_metrics(metrics, png, keys=["reward", "eval/accuracy"],
-                     title=f"{grpo.experiment_name}/{grpo.trial_name}: reward, held-out accuracy")
-        print(f"\nDone in {time.monotonic() - t0:.0f}s (exit {code}). Outputs:")
-        print(f"  metrics:      {metrics}")
-        print(f"  reward curve: {png}")
-    return code
+    return run_job(overrides, grpo_config=GRPO_CONFIG, sft_config=SFT_CONFIG,
+                   assets_dir="agent_assets", build=build_assets, asset_args=asset_overrides,
+                   sft_args=[], steps=("building the tiny model and the calculator task",
+                                       "SFT warm start on tool-call traces",
+                                       "async GRPO of the agent through the proxy"))
 
 
 if __name__ == "__main__":
