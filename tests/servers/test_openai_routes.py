@@ -110,3 +110,23 @@ def test_errors_come_back_in_openai_shape(client, kwargs, fragment):
     ok = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}],
                                         max_tokens=2)
     assert ok.choices[0].finish_reason in ("stop", "length")
+
+
+def test_stop_strings_trim_the_text_streamed_or_not(client):
+    kw = dict(model="m", messages=[CONVERSATION[0]], tools=TOOLS, max_tokens=120,
+              temperature=0, stop=["calc"])
+    r = client.chat.completions.create(**kw)
+    c = r.choices[0]
+    assert c.finish_reason == "stop" and c.matched_stop == "calc"
+    assert c.message.content == '<tool_call>\n{"name": "' and c.message.tool_calls is None
+    chunks = list(client.chat.completions.create(stream=True, **kw))
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == ""
+    # without tools (another prompt, other text): a stop string cut out of the stream too
+    plain = dict(kw, tools=None, stop=None)
+    text = client.chat.completions.create(**plain).choices[0].message.content
+    assert len(text) >= 3
+    plain["stop"] = [text[1:3]]
+    whole = client.chat.completions.create(**plain).choices[0].message.content
+    streamed = "".join(ch.choices[0].delta.content or "" for ch in
+                       client.chat.completions.create(stream=True, **plain) if ch.choices)
+    assert streamed == whole and text.startswith(whole) and len(whole) <= 1
