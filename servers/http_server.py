@@ -22,6 +22,7 @@ from servers import (
     control_routes,
     generate_route,
     memory_occupation,
+    openai_routes,
     openapi_schema,
     weights_checker,
 )
@@ -57,6 +58,7 @@ def create_app(state: ServerState) -> FastAPI:
     app.state.server = state
     app.include_router(generate_route.router)
     app.include_router(control_routes.router)
+    app.include_router(openai_routes.router)
     app.include_router(memory_occupation.router)
     app.include_router(weights_checker.router)
     openapi_schema.install(app, state.runner.vocab_size)
@@ -121,7 +123,7 @@ def create_app(state: ServerState) -> FastAPI:
             "weight_version": state.engine.weight_version,
             "load_format": state.args.load_format,
             "reasoning_parser": None,
-            "tool_call_parser": None,
+            "tool_call_parser": state.args.tool_call_parser,
             "disaggregation_mode": "null",
             "has_image_understanding": False,
             "has_audio_understanding": False,

@@ -9,6 +9,8 @@ import os
 import sys
 from dataclasses import dataclass
 
+from servers.tool_parser import PARSERS
+
 API_KEY_ENV = "AREALITE_API_KEY"  # read when --api-key is not given
 ADMIN_API_KEY_ENV = "AREALITE_ADMIN_API_KEY"  # read when --admin-api-key is not given
 
@@ -42,6 +44,7 @@ class ServerArgs:
     weight_load_root: list[str] = dataclasses.field(default_factory=list)
     mem_fraction_static: float | None = None
     allow_auto_truncate: bool = False
+    tool_call_parser: str | None = None
     health_stall_timeout: float = 60.0
     launch_command: str = ""
 
@@ -111,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
         compat.add_argument(flag, default=None, dest=flag[2:].replace("-", "_") + "_ignored")
     p.add_argument("--health-stall-timeout", type=float, default=60.0,
                    help="/health answers 503 while one engine step has run longer than this")
+    p.add_argument("--tool-call-parser", default=None, choices=list(PARSERS),
+                   help="parse tool calls in /v1/chat/completions output (qwen25: Hermes "
+                        "<tool_call>{json}</tool_call> blocks)")
     p.add_argument("--allow-auto-truncate", action="store_true",
                    help="cut prompts and max_new_tokens to the context instead of answering 400")
     return p

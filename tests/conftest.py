@@ -47,3 +47,23 @@ def toy_data_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def gsm8k_fixture() -> Path:
     return Path(__file__).parent / "fixtures" / "gsm8k_sample.jsonl"
+
+
+@pytest.fixture(scope="session")
+def tool_model_dir(tiny_model_dir, tmp_path_factory) -> Path:
+    """The tiny model taught to replay a calculator tool conversation and a reasoning reply."""
+    from tests.agent.tool_model import CONVERSATION, THINK_CONVERSATION, teach, think_template
+
+    return teach(Path(tiny_model_dir), tmp_path_factory.mktemp("tool_model"),
+                 [CONVERSATION, THINK_CONVERSATION], templates=[None, think_template()])
+
+
+@pytest.fixture(scope="session")
+def tool_server(tool_model_dir):
+    """An embedded server on the tool model parsing Qwen2.5 tool calls; yields ``host:port``.
+    Shared by the /v1 route, proxy and agent workflow tests (weights stay those of the dir)."""
+    from tests.procs import embedded_server
+
+    with embedded_server(str(tool_model_dir), ["--random-seed", "0", "--tool-call-parser",
+                                               "qwen25", "--weight-version", "0"]) as addr:
+        yield addr

@@ -17,7 +17,7 @@ PACKAGES = ("arealite", "workflows", "benchmarks", "servers")
 ALLOWED: dict[str, set[str]] = {
     "benchmarks": {"arealite.api", "arealite.utils", "arealite.dataset", "arealite.models",
                    "arealite.engine", "arealite.rollout", "arealite.launcher", "arealite.trainer",
-                   "workflows", "servers"},
+                   "workflows", "servers", "arealite.agent"},
     "arealite.cli": {"arealite.trainer", "arealite.launcher", "arealite.models",
                      "arealite.dataset", "arealite.api", "arealite.utils"},
     "arealite.trainer": {"arealite.launcher", "arealite.engine", "arealite.rollout",
@@ -26,6 +26,8 @@ ALLOWED: dict[str, set[str]] = {
     # algorithms and engines: the trainer side and the client side never import each other
     "arealite.engine": {"arealite.utils", "arealite.api"},
     "arealite.rollout": {"arealite.utils", "arealite.api"},
+    # the agent proxy: client side, over any engine with agenerate (found by import path)
+    "arealite.agent": {"arealite.utils", "arealite.api"},
     "workflows": {"arealite.api"},  # plus reward libraries; a user's workflow needs only the API
     "arealite.models": {"arealite.dataset", "arealite.utils", "arealite.api"},
     "arealite.dataset": {"arealite.api"},

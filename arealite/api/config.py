@@ -135,7 +135,10 @@ class PPOActorConfig(TrainEngineConfig):
     reward_bias: float = Field(0.0, description="Added to every reward.")
     reward_scaling: float = Field(1.0, description="Multiplies every reward after the bias.")
     reward_clip: float = Field(20.0, gt=0.0, description="Rewards clipped to [-clip, clip].")
-    group_reward_norm: bool = Field(False, description="Normalise rewards within each group.")
+    group_reward_norm: bool = Field(
+        False, description="Normalise rewards within each group (of group_size consecutive rows, "
+        "or by the group_baseline / group_scale keys a workflow such as AgentWorkflow gives)."
+    )
     group_adv_norm: bool = Field(False, description="Normalise advantages within each group.")
     adv_norm: bool = Field(True, description="Normalise advantages over the whole batch.")
     kl_ctl: float = Field(0.0, ge=0.0, description="KL penalty against the reference model.")

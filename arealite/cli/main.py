@@ -58,6 +58,12 @@ def _cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_agent_job(args: argparse.Namespace) -> int:
+    from arealite.trainer.agent_job import main as agent_job
+
+    return agent_job(args.overrides)
+
+
 def _cmd_main_job(args: argparse.Namespace) -> int:
     from arealite.trainer.main_job import main as main_job
 
@@ -110,6 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("main-job", help="the main job (`make run`): SFT warm start + async GRPO")
     m.add_argument("overrides", nargs="*")
     m.set_defaults(fn=_cmd_main_job)
+    a = sub.add_parser("agent-job", help="a calculator agent trained through the agent proxy "
+                       "(docs/agents.md): SFT warm start on tool-call traces + async GRPO")
+    a.add_argument("overrides", nargs="*")
+    a.set_defaults(fn=_cmd_agent_job)
     return p
 
 

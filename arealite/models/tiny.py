@@ -18,10 +18,43 @@ IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 SPECIAL_TOKENS = [PAD_TOKEN, IM_START, IM_END]
 
-# Qwen2-style template; ``add_generation_prompt`` opens the assistant turn.
+# Qwen2.5-style template; ``add_generation_prompt`` opens the assistant turn. Plain chats render
+# exactly as Qwen2's; with ``tools`` the system turn lists them (name and parameter names only,
+# to keep tiny-model prompts short), an assistant's ``tool_calls`` render as Hermes
+# ``<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>`` blocks and ``tool`` results
+# come back as a user turn of ``<tool_response>`` blocks, as Qwen2.5's template does.
 CHAT_TEMPLATE = (
+    "{% if tools %}"
+    "{{ '<|im_start|>system\n' }}"
+    "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] + '\n\n' }}{% endif %}"
+    "{{ '# Tools\n<tools>' }}"
+    "{% for tool in tools %}{% set f = tool['function'] if tool['function'] is defined else tool %}"
+    "{{ '\n' + f['name'] + '(' }}"
+    "{% if f['parameters'] is defined and f['parameters']['properties'] is defined %}"
+    "{{ f['parameters']['properties'] | list | join(', ') }}{% endif %}{{ ')' }}"
+    "{% endfor %}"
+    "{{ '\n</tools><|im_end|>\n' }}"
+    "{% endif %}"
     "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% if tools and loop.first and message['role'] == 'system' %}"
+    "{% elif message['role'] == 'tool' %}"
+    "{% if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}"
+    "{{ '<|im_start|>user' }}{% endif %}"
+    "{{ '\n<tool_response>\n' + message['content'] + '\n</tool_response>' }}"
+    "{% if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}"
+    "{{ '<|im_end|>\n' }}{% endif %}"
+    "{% elif message['role'] == 'assistant' and message['tool_calls'] %}"
+    "{{ '<|im_start|>assistant' }}"
+    "{% if message['content'] %}{{ '\n' + message['content'] }}{% endif %}"
+    "{% for call in message['tool_calls'] %}"
+    "{% set f = call['function'] if call['function'] is defined else call %}"
+    "{{ '\n<tool_call>\n{\"name\": \"' + f['name'] + '\", \"arguments\": ' }}"
+    "{{ f['arguments'] | tojson }}{{ '}\n</tool_call>' }}"
+    "{% endfor %}"
+    "{{ '<|im_end|>\n' }}"
+    "{% else %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + (message['content'] or '') + '<|im_end|>' + '\n' }}"
+    "{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
@@ -38,10 +71,16 @@ class TinyModelSpec:
     num_key_value_heads: int = 2
     max_position_embeddings: int = 512
     tie_word_embeddings: bool = False  # untied: servers reload weights in place
+    # text the tokenizer is trained on: "toy_math", or "toy_tools" (toy math plus calculator
+    # tool-call traces, so a tool call is tens of tokens rather than one per character)
+    corpus: str = "toy_math"
 
 
-def _tokenizer_corpus(seed: int) -> list[str]:
+def _tokenizer_corpus(seed: int, corpus: str = "toy_math") -> list[str]:
     from arealite.dataset.toy_math import generate_toy_math
+
+    if corpus not in ("toy_math", "toy_tools"):
+        raise ValueError(f"unknown tokenizer corpus {corpus!r}: toy_math or toy_tools")
 
     rows = generate_toy_math(n=3000, seed=seed)
     texts = []
@@ -49,6 +88,10 @@ def _tokenizer_corpus(seed: int) -> list[str]:
         texts.append(f"{IM_START}user\n{r['question']}{IM_END}\n{IM_START}assistant\n")
         texts.append(r["answer"])
     texts.append("The capital of France is Paris. Answer again: wrong, try once more.")
+    if corpus == "toy_tools":
+        from arealite.dataset.toy_tools import corpus_texts
+
+        texts += corpus_texts(seed=seed)
     return texts
 
 
@@ -69,7 +112,7 @@ def build_tokenizer(out_dir: str | Path, spec: TinyModelSpec | None = None):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_tokenizer_corpus(spec.seed), trainer=trainer)
+    tok.train_from_iterator(_tokenizer_corpus(spec.seed, spec.corpus), trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token=IM_END,

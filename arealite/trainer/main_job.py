@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from arealite.api.config_loader import ConfigError, load_config
@@ -42,34 +43,37 @@ def asset_overrides(assets: Path, model: str) -> list[str]:
             f"valid_dataset.path={assets / 'toy_math' / 'valid.jsonl'}"]
 
 
-def main(overrides: list[str] | None = None) -> int:
+def run_job(overrides: list[str] | None, *, grpo_config: str, sft_config: str, assets_dir: str,
+            build: Callable[[Path], None], asset_args: Callable[[Path, str], list[str]],
+            sft_args: list[str], steps: tuple[str, str, str]) -> int:
+    """Build assets, warm-start by SFT (once), run GRPO through the local launcher, draw the
+    curve: the main job and the agent job (``agent_job.py``) differ only in what they pass."""
     from arealite.launcher.local import main as launch
     from arealite.utils.stats_logger import plot_metrics
 
     try:
-        fileroot = load_config(GRPO_CONFIG, list(overrides or [])).cluster.fileroot
-        assets = Path(fileroot) / "assets"
-        overrides = asset_overrides(assets, "actor.path") + list(overrides or [])
-        grpo = load_config(GRPO_CONFIG, overrides)
+        fileroot = load_config(grpo_config, list(overrides or [])).cluster.fileroot
+        assets = Path(fileroot) / assets_dir
+        overrides = asset_args(assets, "actor.path") + list(overrides or [])
+        grpo = load_config(grpo_config, overrides)
     except ConfigError as e:
         print(f"arealite: config error: {e}", file=sys.stderr)
         return 2
     t0 = time.monotonic()
-    print("== 1/3 building the tiny model and the toy task", flush=True)
-    build_assets(assets)
+    print(f"== 1/3 {steps[0]}", flush=True)
+    build(assets)
     sft_model = Path(grpo.actor.path)
     if not (sft_model / "config.json").is_file():
-        print(f"== 2/3 SFT warm start -> {sft_model}", flush=True)
-        code = launch([SFT_CONFIG, *asset_overrides(assets, "model.path"),
-                       f"cluster.fileroot={fileroot}", f"output_dir={sft_model}",
-                       f"stop_at_valid_accuracy={SFT_STOP_ACCURACY}"])
+        print(f"== 2/3 {steps[1]} -> {sft_model}", flush=True)
+        code = launch([sft_config, *asset_args(assets, "model.path"),
+                       f"cluster.fileroot={fileroot}", f"output_dir={sft_model}", *sft_args])
         if code != 0:
             print(f"arealite: SFT warm start failed (exit {code})", file=sys.stderr)
             return code
     else:
         print(f"== 2/3 SFT warm start: reusing {sft_model}", flush=True)
-    print("== 3/3 async GRPO on embedded CPU servers", flush=True)
-    code = launch([GRPO_CONFIG, *overrides])
+    print(f"== 3/3 {steps[2]}", flush=True)
+    code = launch([grpo_config, *overrides])
     out = grpo.run_dir()
     metrics = out / "logs" / "metrics.jsonl"
     if metrics.is_file():
@@ -83,6 +87,14 @@ def main(overrides: list[str] | None = None) -> int:
         print(f"  checkpoints:  {out / 'checkpoints'}")
         print(f"  logs:         {out / 'logs'}")
     return code
+
+
+def main(overrides: list[str] | None = None) -> int:
+    return run_job(overrides, grpo_config=GRPO_CONFIG, sft_config=SFT_CONFIG, assets_dir="assets",
+                   build=build_assets, asset_args=asset_overrides,
+                   sft_args=[f"stop_at_valid_accuracy={SFT_STOP_ACCURACY}"],
+                   steps=("building the tiny model and the toy task", "SFT warm start",
+                          "async GRPO on embedded CPU servers"))
 
 
 if __name__ == "__main__":

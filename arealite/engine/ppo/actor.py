@@ -123,12 +123,24 @@ class PPOActor:
         c = self.config
         lm = data["loss_mask"].bool()
         B = lm.shape[0]
-        if B % c.group_size:
+        formed = "group_baseline" in data  # groups formed by the workflow, not by rows
+        if formed and c.group_adv_norm:
+            raise ValueError("group_adv_norm groups consecutive rows; a workflow that forms its "
+                             "own groups (group_baseline) needs group_reward_norm instead")
+        if B % c.group_size and not formed:
             raise ValueError(f"batch of {B} rows is not a whole number of groups of {c.group_size}")
         rewards = reward_transform(data["rewards"], c.reward_bias, c.reward_scaling, c.reward_clip)
         if c.mask_no_eos_with_zero:
             rewards = torch.where(self._no_eos(data), 0.0, rewards)
-        if c.group_reward_norm:
+        if c.group_reward_norm and formed:
+            # A workflow that forms its groups itself (agent sessions, whose segments are
+            # several rows of one sample) gives each row its group's mean and std of raw
+            # rewards; they go through the same affine transform as the rewards.
+            base = reward_transform(data["group_baseline"], c.reward_bias, c.reward_scaling,
+                                    c.reward_clip)
+            scale = data["group_scale"].float() * abs(c.reward_scaling)
+            rewards = (rewards - base) / (scale + 1e-6)
+        elif c.group_reward_norm:
             rewards = group_normalization(rewards, c.group_size)
         if c.recompute_logprob and "prox_logp" not in data and c.kl_ctl > 0:
             raise KeyError("recompute_logprob=True: call prepare_prox_logp(data) first")

@@ -85,6 +85,23 @@ def test_grpo_advantages_are_group_normalised_rewards(grpo_actor):
             assert (data["advantages"][b][~lm] == 0).all()
 
 
+def test_workflow_formed_groups_use_their_baseline_not_consecutive_rows(grpo_actor):
+    """AgentWorkflow's rows: 6 rows of 2 groups whose sessions gave 4 and 2 rows (a session's
+    segments share its reward); group_size=4 is not used to cut them."""
+    data = random_trajectories(6, seed=14, group_size=1)
+    raw = torch.tensor([1.0, 1.0, 0.0, 0.0, 1.0, 0.0])  # group A: sessions 1, 1(2 rows), 0 ...
+    base = torch.tensor([0.5, 0.5, 0.5, 0.5, 0.5, 0.5])
+    scale = torch.tensor([0.5, 0.5, 0.5, 0.5, 0.5, 0.5])
+    data |= {"rewards": raw, "group_baseline": base, "group_scale": scale}
+    data["prox_logp"] = grpo_actor.compute_logp(data)
+    grpo_actor.compute_advantages(data)
+    # (r - b) / s with the same affine transform on r and b: (2(r-0.5) - 2(b-0.5)) / (2 s)
+    want = (raw - base) / (scale + 1e-6 / 2.0)
+    for b in range(6):
+        lm = data["loss_mask"][b]
+        assert torch.allclose(data["advantages"][b][lm], want[b].expand(int(lm.sum())), atol=1e-4)
+
+
 def test_minibatches_step_the_optimizer_n_times_and_scheduler_once(grpo_actor):
     data = random_trajectories(8, seed=13, group_size=4)
     data["prox_logp"] = grpo_actor.compute_logp(data)

@@ -1,0 +1,1 @@
+"""Agentic RL: an OpenAI-compatible proxy that records an agent's chat calls as trajectories."""
