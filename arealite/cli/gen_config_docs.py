@@ -24,7 +24,7 @@ def _models_in(annotation: typing.Any) -> list[type[BaseModel]]:
 
 def _type_name(annotation: typing.Any) -> str:
     s = getattr(annotation, "__name__", None) if not typing.get_args(annotation) else None
-    return (s or str(annotation)).replace("typing.", "").replace("arealite.api.config.", "").replace("|", "\\|")
+    return (s or str(annotation)).replace("typing.", "").replace("arealite.api.config.", "").replace("arealite.api.run_config.", "").replace("|", "\\|")
 
 
 def _default(field) -> str:
