@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from arealite.api.algorithm_config import PPOAlgorithmOptions
+
 
 class BaseConfig(BaseModel):
     """Base of every config model: unknown keys are errors, assignments are validated."""
@@ -116,8 +118,9 @@ class TrainEngineConfig(BaseConfig):
     )
 
 
-class PPOActorConfig(TrainEngineConfig):
-    """Actor (or reference) model with the PPO/GRPO loss and advantage settings."""
+class PPOActorConfig(TrainEngineConfig, PPOAlgorithmOptions):
+    """Actor (or reference) model with the PPO/GRPO loss and advantage settings (algorithm
+    choices: ``arealite.api.algorithm_config``)."""
 
     group_size: int = Field(1, ge=1, description="Samples per prompt (GRPO group).")
     ppo_n_minibatches: int = Field(1, ge=1, description="Optimizer steps per trainer step.")

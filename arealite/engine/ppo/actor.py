@@ -29,15 +29,15 @@ from arealite.api.engine_api import TrainEngine
 from arealite.api.io_struct import VersionClock
 from arealite.api.trajectory import TensorDict
 from arealite.engine.fsdp_engine import FSDPEngine
-from arealite.engine.ppo.advantages import (
-    gae_advantages,
-    group_normalization,
-    kl_shaped_token_rewards,
-    reward_transform,
+from arealite.engine.ppo.advantages import kl_shaped_token_rewards, reward_transform
+from arealite.engine.ppo.estimators import (
+    ADVANTAGE_ESTIMATORS,
+    AdvantageInputs,
+    overlong_penalty,
 )
-from arealite.engine.ppo.loss import actor_loss
+from arealite.engine.ppo.loss import actor_loss, actor_loss_weight
 from arealite.utils.data import balanced_partition, select_rows, seqlens_from_mask
-from arealite.utils.functional import gather_logprobs, last_true_index, masked_normalization
+from arealite.utils.functional import gather_logprobs, last_true_index
 from arealite.utils.stats_tracker import StatsTracker
 
 
@@ -87,26 +87,24 @@ class PPOActor:
         rewards = reward_transform(data["rewards"], c.reward_bias, c.reward_scaling, c.reward_clip)
         if c.mask_no_eos_with_zero:
             rewards = torch.where(self._no_eos(data), 0.0, rewards)
-        if c.group_reward_norm:
-            rewards = group_normalization(rewards, c.group_size)
+        if c.overlong_max_len is not None:
+            rewards = rewards + overlong_penalty(lm.sum(1), c.overlong_max_len,
+                                                 c.overlong_buffer_len, c.overlong_penalty_factor)
         if c.recompute_logprob and "prox_logp" not in data:
             raise KeyError("recompute_logprob=True: set data['prox_logp'] = compute_logp(data)")
         old = data["prox_logp"] if c.recompute_logprob else data["logprobs"]
         ref = data.get("ref_logp")
         if c.kl_ctl > 0 and ref is None:
             raise KeyError("kl_ctl > 0 needs data['ref_logp'] from the reference model")
-        tok_rewards, kl = kl_shaped_token_rewards(rewards, old, ref, lm, c.kl_ctl)
-        adv, returns = gae_advantages(tok_rewards, data.get("values"), lm, c.discount,
-                                      c.gae_lambda)
-        if c.group_adv_norm:
-            adv = group_normalization(adv, c.group_size, mask=lm)
-        elif c.adv_norm:
-            adv = masked_normalization(adv, lm, reduce_group=_group(self.engine))
-        data["advantages"] = adv
-        data["returns"] = returns
-        data["token_rewards"] = tok_rewards
+        _, kl = kl_shaped_token_rewards(rewards, old, ref, lm, c.kl_ctl)
+        # the estimator is a config value: one registry lookup, no branch on its name
+        out = ADVANTAGE_ESTIMATORS[c.adv_estimator](AdvantageInputs(
+            rewards, kl, lm, data.get("values"), c, _group(self.engine)))
+        data["advantages"] = out.advantages
+        data["returns"] = out.returns
+        data["token_rewards"] = out.token_rewards
         data["kl"] = kl
-        data["shaped_rewards"] = rewards
+        data["shaped_rewards"] = out.shaped_rewards
 
     # ------------------------------------------------------------------ update
 
@@ -123,10 +121,10 @@ class PPOActor:
         parts = balanced_partition(lens, c.ppo_n_minibatches)
         step_stats = []
         loss_fn = functools.partial(actor_loss, config=c, tracker=self.tracker)
+        weight_fn = functools.partial(actor_loss_weight, config=c)
         for idx in parts:
             mb = select_rows(data, idx)
-            step_stats.append(self.engine.train_batch(
-                mb, loss_fn, lambda p: p["loss_mask"].sum()))
+            step_stats.append(self.engine.train_batch(mb, loss_fn, weight_fn))
         self.engine.step_lr_scheduler()
         for s in step_stats:
             self.tracker.scalar(grad_norm=s["grad_norm"], lr=s["lr"], loss=s["loss"],
