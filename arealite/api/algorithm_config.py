@@ -43,6 +43,9 @@ class PPOAlgorithmOptions(BaseModel):
         None, ge=1, description="Tokens before overlong_max_len over which the penalty ramps.")
     overlong_penalty_factor: float = Field(
         1.0, ge=0, description="Size of the overlong penalty at overlong_max_len.")
+    dynamic_sampling: bool = Field(
+        False, description="DAPO dynamic sampling: drop groups whose rewards are all equal and "
+        "draw more until the batch is full.")
 
     @model_validator(mode="after")
     def _check_algorithm(self) -> PPOAlgorithmOptions:

@@ -142,3 +142,23 @@ def test_overlong_penalty_rejects_bad_buffer():
 def test_config_rejects_group_norm_flags_outside_gae():
     with pytest.raises(ValueError, match="belong to adv_estimator=gae"):
         PPOActorConfig(adv_estimator="rloo", group_reward_norm=True)
+
+
+def test_actor_adds_the_overlong_penalty_before_the_estimator():
+    from arealite.engine.ppo.actor import PPOActor
+
+    g, am, lm = rand_batch(8, B=4, S=10)
+    d = {"input_ids": torch.ones(4, 10, dtype=torch.long), "attention_mask": am, "loss_mask": lm,
+         "rewards": torch.tensor([1.0, 0.0, 1.0, 0.0]), "logprobs": torch.zeros(4, 10)}
+    c = PPOActorConfig(group_size=2, adv_estimator="dr_grpo", recompute_logprob=False,
+                       use_decoupled_loss=False, overlong_max_len=6, overlong_buffer_len=3,
+                       overlong_penalty_factor=0.5)
+    PPOActor(c, None).compute_advantages(d)
+    n = lm.sum(1).tolist()
+    r = [float(d_) + float(E.overlong_penalty(torch.tensor([k]), 6, 3, 0.5)) for d_, k in
+         zip([1.0, 0.0, 1.0, 0.0], n)]
+    want = [r[0] - (r[0] + r[1]) / 2, r[1] - (r[0] + r[1]) / 2,
+            r[2] - (r[2] + r[3]) / 2, r[3] - (r[2] + r[3]) / 2]
+    assert any(k > 3 for k in n)  # some sample is inside the penalty ramp
+    for i in range(4):
+        assert abs(float(d["shaped_rewards"][i]) - want[i]) < TOL
