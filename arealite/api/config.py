@@ -493,6 +493,3 @@ class GRPOConfig(BaseExperimentConfig):
                 "or set total_train_steps"
             )
         return self
-
-
-CONFIG_CLASSES: dict[str, type[BaseExperimentConfig]] = {"grpo": GRPOConfig, "sft": SFTConfig}

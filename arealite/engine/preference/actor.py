@@ -64,11 +64,10 @@ class PreferenceActor:
         rows["pref_coef"] = (coef * len(coef)).float()
         out = self.engine.train_batch(rows, _surrogate_loss, _row_count)
         self.engine.step_lr_scheduler()
-        return {"loss": float(loss), "grad_norm": out["grad_norm"], "lr": out["lr"],
+        return {"loss": float(loss.detach()), "grad_norm": out["grad_norm"], "lr": out["lr"],
                 "update_successful": out["update_successful"], "n_mbs": out["n_mbs"]}
 
-    def dpo_step(self, data: TensorDict, loss_type: str = "sigmoid") -> dict[str, float]:
-        """One optimizer step of DPO (``sigmoid``) or IPO (``ipo``) on interleaved pairs."""
+    def _dpo(self, data: TensorDict, loss_type: str):
         if data["loss_mask"].shape[0] % 2:
             raise ValueError("DPO batches interleave chosen and rejected rows: an even count")
         ref, n_tok = sequence_logps(self.ref, data)
@@ -79,17 +78,15 @@ class PreferenceActor:
                                     loss_type, n_tok[0::2], n_tok[1::2])
             return losses.mean()
 
-        stats = self._update(data, logp, batch_loss)
         rc = self.beta * (logp[0::2] - ref[0::2])
         rr = self.beta * (logp[1::2] - ref[1::2])
-        stats.update({"rewards/chosen": float(rc.mean()), "rewards/rejected": float(rr.mean()),
-                      "rewards/margin": float((rc - rr).mean()),
-                      "rewards/accuracy": float((rc > rr).double().mean())})
-        return stats
+        stats = {"rewards/chosen": float(rc.mean()), "rewards/rejected": float(rr.mean()),
+                 "rewards/margin": float((rc - rr).mean()),
+                 "rewards/accuracy": float((rc > rr).double().mean())}
+        return logp, batch_loss, stats
 
-    def kto_step(self, data: TensorDict, mismatched: TensorDict, desirable_weight: float = 1.0,
-                 undesirable_weight: float = 1.0) -> dict[str, float]:
-        """One optimizer step of KTO; ``mismatched`` gives the reference point ``z0``."""
+    def _kto(self, data: TensorDict, mismatched: TensorDict, desirable_weight: float,
+             undesirable_weight: float):
         ref, _ = sequence_logps(self.ref, data)
         logp, _ = sequence_logps(self.engine, data)
         z0 = kto_reference_point(sequence_logps(self.engine, mismatched)[0],
@@ -101,9 +98,35 @@ class PreferenceActor:
                                  undesirable_weight)
             return losses.mean()
 
-        stats = self._update(data, logp, batch_loss)
         r = self.beta * (logp - ref)
-        stats.update({"kto/reference_point": z0,
-                      "rewards/desirable": float(r[good].mean()) if good.any() else 0.0,
-                      "rewards/undesirable": float(r[~good].mean()) if (~good).any() else 0.0})
-        return stats
+        stats = {"kto/reference_point": z0,
+                 "rewards/desirable": float(r[good].mean()) if good.any() else 0.0,
+                 "rewards/undesirable": float(r[~good].mean()) if (~good).any() else 0.0}
+        return logp, batch_loss, stats
+
+    def dpo_step(self, data: TensorDict, loss_type: str = "sigmoid") -> dict[str, float]:
+        """One optimizer step of DPO (``sigmoid``) or IPO (``ipo``) on interleaved pairs."""
+        logp, batch_loss, stats = self._dpo(data, loss_type)
+        return {**self._update(data, logp, batch_loss), **stats}
+
+    def kto_step(self, data: TensorDict, mismatched: TensorDict, desirable_weight: float = 1.0,
+                 undesirable_weight: float = 1.0) -> dict[str, float]:
+        """One optimizer step of KTO; ``mismatched`` gives the reference point ``z0``."""
+        logp, batch_loss, stats = self._kto(data, mismatched, desirable_weight,
+                                            undesirable_weight)
+        return {**self._update(data, logp, batch_loss), **stats}
+
+    @torch.no_grad()
+    def evaluate(self, data: TensorDict, loss_type: str = "sigmoid",
+                 mismatched: TensorDict | None = None, desirable_weight: float = 1.0,
+                 undesirable_weight: float = 1.0) -> dict[str, float]:
+        """The loss and reward statistics of a held-out batch, without an update
+        (``loss_type="kto"`` needs ``mismatched``)."""
+        if loss_type == "kto":
+            if mismatched is None:
+                raise ValueError("KTO evaluation needs the mismatched batch")
+            logp, batch_loss, stats = self._kto(data, mismatched, desirable_weight,
+                                                undesirable_weight)
+        else:
+            logp, batch_loss, stats = self._dpo(data, loss_type)
+        return {"loss": float(batch_loss(logp)), **stats}
