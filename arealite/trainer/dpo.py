@@ -12,15 +12,12 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-import torch
-
-from arealite.api.io_struct import FinetuneSpec, SaveLoadMeta
+from arealite.api.io_struct import SaveLoadMeta
 from arealite.api.preference_config import DPOConfig
-from arealite.dataset.loader import create_dataloader, load_rows
 from arealite.engine.fsdp_engine import FSDPEngine
 from arealite.engine.preference.actor import PreferenceActor
 from arealite.engine.preference.batch import dpo_batch, kto_batches
-from arealite.trainer.common import config_from_argv, dist_info, load_tokenizer, setup_logging
+from arealite.trainer.offline_setup import start_offline_run
 from arealite.utils import stats_tracker
 from arealite.utils.stats_logger import StatsLogger
 from arealite.utils.timing import FreqController
@@ -42,16 +39,10 @@ def run_batch(actor: PreferenceActor, c: DPOConfig, tokenizer: Any, rows: list[d
 
 
 def main(argv: list[str] | None = None) -> int:
-    config: DPOConfig = config_from_argv(argv, DPOConfig)
-    rank, world = dist_info()
-    setup_logging(rank)
-    torch.manual_seed(config.seed)
-    tokenizer = load_tokenizer(config.tokenizer_path or config.model.path)
-    train_rows = load_rows(config.train_dataset)
-    valid_rows = load_rows(config.valid_dataset) if config.valid_dataset else []
-    loader = create_dataloader(train_rows, config.train_dataset, config.seed, rank, world)
-    ft = FinetuneSpec(config.total_train_epochs, len(train_rows), config.train_dataset.batch_size)
-    total = min(ft.total_train_steps, config.total_train_steps or ft.total_train_steps)
+    run = start_offline_run(argv, DPOConfig)
+    config: DPOConfig = run.config
+    rank, tokenizer, loader, ft, total = run.rank, run.tokenizer, run.loader, run.ft, run.total_steps
+    valid_rows = run.valid_rows
 
     engine = FSDPEngine(config.model, config.device, config.dist_backend, config.seed)
     engine.initialize(None, ft)
