@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
+from arealite.api.algorithm_config import PPOAlgorithmOptions
 from arealite.api.config_base import BaseConfig
 
 # Re-exported: one config tree, whichever module a class is written in.
@@ -124,8 +125,9 @@ class TrainEngineConfig(BaseConfig):
     )
 
 
-class PPOActorConfig(TrainEngineConfig):
-    """Actor (or reference) model with the PPO/GRPO loss and advantage settings."""
+class PPOActorConfig(TrainEngineConfig, PPOAlgorithmOptions):
+    """Actor (or reference) model with the PPO/GRPO loss and advantage settings (algorithm
+    choices: ``arealite.api.algorithm_config``)."""
 
     group_size: int = Field(1, ge=1, description="Samples per prompt (GRPO group).")
     ppo_n_minibatches: int = Field(1, ge=1, description="Optimizer steps per trainer step.")
@@ -390,6 +392,3 @@ class GRPOConfig(BaseExperimentConfig):
                 "or set total_train_steps"
             )
         return self
-
-
-CONFIG_CLASSES: dict[str, type[BaseExperimentConfig]] = {"grpo": GRPOConfig, "sft": SFTConfig}

@@ -12,6 +12,7 @@ import typing
 from pydantic import BaseModel
 
 from arealite.api.config import GRPOConfig, SFTConfig
+from arealite.api.preference_config import DPOConfig
 
 
 def _models_in(annotation: typing.Any) -> list[type[BaseModel]]:
@@ -45,7 +46,8 @@ def render() -> str:
         "",
     ]
     seen: set[type] = set()
-    queue: list[tuple[str, type[BaseModel]]] = [("GRPOConfig", GRPOConfig), ("SFTConfig", SFTConfig)]
+    queue: list[tuple[str, type[BaseModel]]] = [("GRPOConfig", GRPOConfig), ("SFTConfig", SFTConfig),
+                                              ("DPOConfig", DPOConfig)]
     while queue:
         title, model = queue.pop(0)
         if model in seen:

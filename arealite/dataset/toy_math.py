@@ -95,3 +95,29 @@ def write_toy_math(
         p.write_text("".join(json.dumps(r) + "\n" for r in rows))
         paths[split] = p
     return paths
+
+
+def toy_preferences(rows: list[dict[str, Any]], seed: int = 0) -> list[dict[str, Any]]:
+    """Preference rows from toy rows: ``chosen`` the right answer, ``rejected`` a wrong one
+    (the right number off by 1 to 9 in one direction), ``prompt`` the question."""
+    rng = random.Random(f"{seed}:pref")
+    out = []
+    for r in rows:
+        right = int(r["answer"].split("####")[-1])
+        wrong = right + rng.choice([-1, 1]) * rng.randint(1, 9)
+        out.append({"id": r["id"], "prompt": r["question"], "chosen": r["answer"],
+                    "rejected": f"#### {wrong}"})
+    return out
+
+
+def write_toy_preferences(out_dir: str | Path, n_train: int = 2000, n_valid: int = 200,
+                          seed: int = 0) -> dict[str, Path]:
+    """Write DPO ``train.jsonl`` / ``valid.jsonl`` (``toy_preferences``) into ``out_dir``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for split, n in (("train", n_train), ("valid", n_valid)):
+        rows = toy_preferences(generate_toy_math(n, seed=seed, split=split), seed)
+        paths[split] = out / f"{split}.jsonl"
+        paths[split].write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return paths

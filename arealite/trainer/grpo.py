@@ -24,6 +24,7 @@ from arealite.api.workflow_factory import build_workflow
 from arealite.dataset.loader import create_dataloader, load_rows
 from arealite.engine.ppo.actor import FSDPPPOActor
 from arealite.rollout.data_cycle import DataCycle
+from arealite.rollout.dynamic_sampling import GroupRewardFilter, rollout_full_batch
 from arealite.rollout.remote_engine import RemoteSGLangEngine
 from arealite.trainer.common import (
     config_from_argv,
@@ -119,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         logger.commit(0, run_eval(version))
     # Training time only (evaluations excluded), carried over a restart for total_train_seconds.
     clock = TrainClock(info.extra.get("train_seconds", 0.0) if info else 0.0)
+    # DAPO dynamic sampling: groups with equal rewards are dropped, more are drawn
+    keep = GroupRewardFilter() if config.actor.dynamic_sampling else None
     rollout.idle_stats()  # rollout/idle_ratio (no episode in flight): the first window opens here
     # timeperf/step runs from the end of the previous step (its logging and checkpoint
     # included) to this step's commit, evaluation excluded: the steps' sum is the loop's time.
@@ -127,7 +130,12 @@ def main(argv: list[str] | None = None) -> int:
         epoch = step // ft.steps_per_epoch
         with timer("rollout_wait"):
             if config.async_training:
-                batch = rollout.prepare_batch(loader, workflow)
+                batch = rollout.prepare_batch(loader, workflow, should_accept=keep)
+            elif keep is not None:
+                batch = rollout_full_batch(lambda rows: rollout.rollout_batch(rows, workflow),
+                                           lambda: cycle.next_rows(loader), keep,
+                                           config.rollout.consumer_batch_size,
+                                           config.actor.group_size)
             else:
                 batch = rollout.rollout_batch(cycle.next_rows(loader), workflow)
         with timer("logp"):
@@ -151,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
             actor.save(SaveLoadMeta(str(config.run_dir("checkpoints", f"step{step + 1}")), "hf", tokenizer=tokenizer))
         stats.update(rollout.idle_stats())
         eval_secs = 0.0
+        if keep is not None:
+            stats.update(keep.stats())
         if valid_rows and rank0_decides(evaluator.check(steps=1) or last):
             with clock.paused():
                 te = time.perf_counter()

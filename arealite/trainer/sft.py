@@ -15,15 +15,9 @@ from typing import Any
 import torch
 
 from arealite.api.config import SFTConfig
-from arealite.api.io_struct import FinetuneSpec, SaveLoadMeta
-from arealite.dataset.loader import create_dataloader, load_rows
+from arealite.api.io_struct import SaveLoadMeta
 from arealite.engine.sft.lm_engine import FSDPLMEngine, build_sft_batch
-from arealite.trainer.common import (
-    config_from_argv,
-    dist_info,
-    load_tokenizer,
-    setup_logging,
-)
+from arealite.trainer.offline_setup import start_offline_run
 from arealite.utils import stats_tracker
 from arealite.utils.stats_logger import StatsLogger
 from arealite.utils.timing import FreqController
@@ -48,16 +42,10 @@ def evaluate(engine: FSDPLMEngine, config: SFTConfig, tokenizer: Any, rows: list
 
 
 def main(argv: list[str] | None = None) -> int:
-    config: SFTConfig = config_from_argv(argv, SFTConfig)
-    rank, world = dist_info()
-    setup_logging(rank)
-    torch.manual_seed(config.seed)
-    tokenizer = load_tokenizer(config.tokenizer_path or config.model.path)
-    train_rows = load_rows(config.train_dataset)
-    valid_rows = load_rows(config.valid_dataset) if config.valid_dataset else []
-    loader = create_dataloader(train_rows, config.train_dataset, config.seed, rank, world)
-    ft = FinetuneSpec(config.total_train_epochs, len(train_rows), config.train_dataset.batch_size)
-    total = min(ft.total_train_steps, config.total_train_steps or ft.total_train_steps)
+    run = start_offline_run(argv, SFTConfig)
+    config: SFTConfig = run.config
+    rank, tokenizer, loader, ft, total = run.rank, run.tokenizer, run.loader, run.ft, run.total_steps
+    valid_rows = run.valid_rows
 
     engine = FSDPLMEngine(config.model, config.device, config.dist_backend, config.seed)
     engine.initialize(None, ft)

@@ -34,20 +34,20 @@ from arealite.api.engine_api import TrainEngine
 from arealite.api.io_struct import VersionClock
 from arealite.api.trajectory import TensorDict
 from arealite.engine.fsdp_engine import FSDPEngine
-from arealite.engine.ppo.advantages import (
-    gae_advantages,
-    group_normalization,
-    kl_shaped_token_rewards,
-    reward_transform,
+from arealite.engine.ppo.advantages import kl_shaped_token_rewards, reward_transform
+from arealite.engine.ppo.estimators import (
+    ADVANTAGE_ESTIMATORS,
+    AdvantageInputs,
+    overlong_penalty,
 )
-from arealite.engine.ppo.loss import actor_loss
+from arealite.engine.ppo.loss import actor_loss, actor_loss_weight
 from arealite.utils.data import (
     balanced_partition,
     select_rows,
     seqlens_from_mask,
     unpack_to_padded,
 )
-from arealite.utils.functional import gather_logprobs, last_true_index, masked_normalization
+from arealite.utils.functional import gather_logprobs, last_true_index
 from arealite.utils.stats_tracker import StatsTracker
 
 
@@ -132,16 +132,17 @@ class PPOActor:
         rewards = reward_transform(data["rewards"], c.reward_bias, c.reward_scaling, c.reward_clip)
         if c.mask_no_eos_with_zero:
             rewards = torch.where(self._no_eos(data), 0.0, rewards)
-        if c.group_reward_norm and formed:
+        if c.overlong_max_len is not None:
+            rewards = rewards + overlong_penalty(lm.sum(1), c.overlong_max_len,
+                                                 c.overlong_buffer_len, c.overlong_penalty_factor)
+        base = scale = None
+        if formed:
             # A workflow that forms its groups itself (agent sessions, whose segments are
             # several rows of one sample) gives each row its group's mean and std of raw
             # rewards; they go through the same affine transform as the rewards.
             base = reward_transform(data["group_baseline"], c.reward_bias, c.reward_scaling,
                                     c.reward_clip)
             scale = data["group_scale"].float() * abs(c.reward_scaling)
-            rewards = (rewards - base) / (scale + 1e-6)
-        elif c.group_reward_norm:
-            rewards = group_normalization(rewards, c.group_size)
         if c.recompute_logprob and "prox_logp" not in data and c.kl_ctl > 0:
             raise KeyError("recompute_logprob=True: call prepare_prox_logp(data) first")
         # with kl_ctl == 0 the "old" logprobs only give the KL term's shape
@@ -149,18 +150,15 @@ class PPOActor:
         ref = data.get("ref_logp")
         if c.kl_ctl > 0 and ref is None:
             raise KeyError("kl_ctl > 0 needs data['ref_logp'] from the reference model")
-        tok_rewards, kl = kl_shaped_token_rewards(rewards, old, ref, lm, c.kl_ctl)
-        adv, returns = gae_advantages(tok_rewards, data.get("values"), lm, c.discount,
-                                      c.gae_lambda)
-        if c.group_adv_norm:
-            adv = group_normalization(adv, c.group_size, mask=lm)
-        elif c.adv_norm:
-            adv = masked_normalization(adv, lm, reduce_group=_group(self.engine))
-        data["advantages"] = adv
-        data["returns"] = returns
-        data["token_rewards"] = tok_rewards
+        _, kl = kl_shaped_token_rewards(rewards, old, ref, lm, c.kl_ctl)
+        # the estimator is a config value: one registry lookup, no branch on its name
+        out = ADVANTAGE_ESTIMATORS[c.adv_estimator](AdvantageInputs(
+            rewards, kl, lm, data.get("values"), c, _group(self.engine), base, scale))
+        data["advantages"] = out.advantages
+        data["returns"] = out.returns
+        data["token_rewards"] = out.token_rewards
         data["kl"] = kl
-        data["shaped_rewards"] = rewards
+        data["shaped_rewards"] = out.shaped_rewards
 
     # ------------------------------------------------------------------ update
 
@@ -179,12 +177,12 @@ class PPOActor:
         step_stats = []
         sink: list[tuple[torch.Tensor, TensorDict]] | None = [] if fused else None
         loss_fn = functools.partial(actor_loss, config=c, tracker=self.tracker, prox_sink=sink)
+        weight_fn = functools.partial(actor_loss_weight, config=c)
         for idx in parts:
             mb = select_rows(data, idx)
             if fused:
                 mb["row_index"] = torch.as_tensor(idx, dtype=torch.long)
-            step_stats.append(self.engine.train_batch(
-                mb, loss_fn, lambda p: p["loss_mask"].sum()))
+            step_stats.append(self.engine.train_batch(mb, loss_fn, weight_fn))
         self.engine.step_lr_scheduler()
         if fused:
             data["prox_logp"] = _gather_prox(sink, data["input_ids"].shape)

@@ -32,6 +32,13 @@ import torch
 
 from arealite.api.config import PPOActorConfig, PPOCriticConfig
 from arealite.api.trajectory import TensorDict
+from arealite.engine.ppo.corrections import behaviour_correction
+from arealite.engine.ppo.policy_losses import (
+    LOSS_AGGREGATIONS,
+    POLICY_LOSSES,
+    packed_seq_ids,
+    ppo_clip,
+)
 from arealite.utils.functional import gather_logprobs, gather_logprobs_entropy
 from arealite.utils.stats_tracker import ReduceType, StatsTracker
 
@@ -60,50 +67,17 @@ def ppo_actor_loss_fn(
     Returns (loss, per-token detached stats).
     """
     lm = loss_mask.bool()
-    count = lm.sum().clamp_min(1)
+    seq_ids = torch.zeros(lm.shape, dtype=torch.long, device=lm.device)  # token level: unused
     ref = old_logprobs if proximal_logprobs is None else proximal_logprobs
-    ratio = torch.where(lm, torch.exp(logprobs - ref.detach()), 0.0)
-    hi = eps_clip if eps_clip_higher is None else eps_clip_higher
-    clipped = ratio.clamp(1.0 - eps_clip, 1.0 + hi)
-    loss1 = -advantages * ratio
-    loss2 = -advantages * clipped
-    clip_mask = (loss1.detach() < loss2.detach()) & lm
-    loss = torch.maximum(loss1, loss2)
-    if c_clip is not None:
-        if c_clip <= 1.0:
-            raise ValueError(f"c_clip must be > 1, got {c_clip}")
-        loss3 = c_clip * advantages.abs()
-        dual_mask = (loss3.detach() < loss.detach()) & lm
-        loss = torch.minimum(loss, loss3)
-    else:
-        dual_mask = torch.zeros_like(lm)
-    stats: dict[str, torch.Tensor] = {}
+    loss, stats = ppo_clip(logprobs, ref, advantages, lm, seq_ids, 1, eps_clip,
+                           eps_clip_higher=eps_clip_higher, c_clip=c_clip)
     if proximal_logprobs is not None:
-        behav_kl = (proximal_logprobs - old_logprobs).detach()
-        w = behav_kl.exp()
-        behav_mask = lm
-        if behav_imp_weight_cap is not None:
-            if behav_imp_weight_mode == "mask":
-                behav_mask = lm & (w <= behav_imp_weight_cap)
-            elif behav_imp_weight_mode == "truncate":
-                w = w.clamp(max=behav_imp_weight_cap)
-            else:
-                raise ValueError(f"behav_imp_weight_mode must be mask or truncate, not "
-                                 f"{behav_imp_weight_mode!r}")
-        w = torch.where(behav_mask, w, 0.0)
+        w, cstats = behaviour_correction(proximal_logprobs, old_logprobs, lm, seq_ids, 1,
+                                         "token", behav_imp_weight_mode, behav_imp_weight_cap)
         loss = loss * w
-        stats["behave_imp_weight"] = w
-        stats["behave_approx_kl"] = torch.where(behav_mask, behav_kl, 0.0)
-        stats["behave_mask"] = behav_mask
-    loss = torch.where(lm, loss, 0.0)
-    stats.update(
-        loss=loss.detach(),
-        importance_weight=ratio.detach(),
-        approx_kl=torch.where(lm, (logprobs - ref).detach(), 0.0),
-        clip_mask=clip_mask,
-        dual_clip_mask=dual_mask,
-    )
-    return loss.sum() / count, stats
+        stats.update(cstats)
+    stats["loss"] = loss.detach()
+    return loss.sum() / lm.sum().clamp_min(1), stats
 
 
 def ppo_critic_loss_fn(
@@ -158,10 +132,7 @@ def actor_loss(
         prox, old = None, recomputed  # standard PPO against the recomputed policy
     else:
         prox, old = None, behave  # standard PPO against the servers' logprobs
-    loss, st = ppo_actor_loss_fn(
-        logp, prox, old, mb["advantages"], c.eps_clip, lm, c_clip=c.c_clip,
-        behav_imp_weight_cap=c.behav_imp_weight_cap, eps_clip_higher=c.eps_clip_higher,
-    )
+    loss, st = _registered_loss(logp, prox, old, mb, c)
     _, entropy = gather_logprobs_entropy(logits.detach(), mb["labels"], c.temperature)
     t = tracker
     t.denominator(n_tokens=lm, clipped_tokens=st["clip_mask"],
@@ -176,8 +147,37 @@ def actor_loss(
         t.stat(denominator="n_tokens", behave_imp_weight=st["behave_imp_weight"],
                behave_approx_kl=st["behave_approx_kl"])
         t.stat(denominator="n_tokens", reduce_type=ReduceType.AVG,
-               behave_mask_ratio=st["behave_mask"].float())
+               behave_mask_ratio=st["behave_mask"].float(),
+               behave_truncate_ratio=st["behave_truncated"].float(),
+               mismatch_kl=st["mismatch_kl"].float())
     return loss
+
+
+def _registered_loss(logp: torch.Tensor, prox: torch.Tensor | None, old: torch.Tensor,
+                     mb: TensorDict, c: PPOActorConfig
+                     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The configured policy loss per token, times the behaviour correction (decoupled loss
+    only), reduced by the configured aggregation: three registry lookups, no branch on names."""
+    lm = mb["loss_mask"].bool()
+    seq_ids, n = packed_seq_ids(mb["cu_seqlens"])
+    tok, st = POLICY_LOSSES[c.policy_loss](
+        logp, old if prox is None else prox, mb["advantages"], lm, seq_ids, n, c.eps_clip,
+        eps_clip_higher=c.eps_clip_higher, c_clip=c.c_clip)
+    if prox is not None:
+        w, cst = behaviour_correction(prox, old, lm, seq_ids, n, c.behav_imp_weight_level,
+                                      c.behav_imp_weight_mode, c.behav_imp_weight_cap,
+                                      c.behav_imp_weight_floor)
+        tok = tok * w
+        st.update(cst)
+    aggregate, _ = LOSS_AGGREGATIONS[c.loss_agg_mode]
+    return aggregate(tok, lm, seq_ids, n, c.loss_agg_norm), st
+
+
+def actor_loss_weight(packed_mb: TensorDict, config: PPOActorConfig) -> float:
+    """The micro-batch's weight in ``train_batch``'s mean, for the configured aggregation."""
+    seq_ids, n = packed_seq_ids(packed_mb["cu_seqlens"])
+    _, weight = LOSS_AGGREGATIONS[config.loss_agg_mode]
+    return weight(packed_mb["loss_mask"].bool(), seq_ids, n)
 
 
 def critic_loss(
