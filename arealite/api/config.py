@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from arealite.api.ray_config import RayLauncherConfig
+
 
 class BaseConfig(BaseModel):
     """Base of every config model: unknown keys are errors, assignments are validated."""
@@ -325,6 +327,8 @@ class LauncherConfig(BaseConfig):
         description="Servers that may die after start-up before the run is stopped "
         "(the client routes around dead servers); 0 stops at the first.",
     )
+    ray: RayLauncherConfig = Field(default_factory=RayLauncherConfig,
+                                   description="Placement on a Ray cluster (arealite.launcher.ray).")
 
 
 # --------------------------------------------------------------------------- bookkeeping
