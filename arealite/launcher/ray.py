@@ -159,7 +159,13 @@ class RayLauncher:
             resources=dict(self.lc.ray.trainer_resources), max_restarts=0,
         ).remote(spec, self.log_dir, "trainer", os.getcwd(), master_address_override=own_address)
         self.trainer = _Part("trainer", handle)
-        self.trainer.info = self.ray.get(handle.info.remote(), timeout=self.lc.startup_timeout)
+        try:
+            self.trainer.info = self.ray.get(handle.info.remote(), timeout=self.lc.startup_timeout)
+        except self.ray.exceptions.GetTimeoutError:
+            raise LaunchError(
+                "the trainer was not placed within launcher.startup_timeout: no node has "
+                f"{self.lc.trainer_threads * self.lc.trainer_nproc} CPUs and "
+                f"{self.lc.ray.trainer_resources} free beside the servers") from None
         say(f"trainer on node {self.trainer.info['node_id'][:12]} ({self.trainer.info['ip']}): "
             f"{spec.shell()}")
 
@@ -250,7 +256,15 @@ class RayLauncher:
 
 def run(config: GRPOConfig, config_path: str, overrides: list[str], address: str | None) -> int:
     ray = _require_ray()
-    ray.init(address=address, log_to_driver=True)
+    if address is None and not os.environ.get("RAY_ADDRESS"):
+        # a local Ray of our own: room for every actor, oversubscribing cores as the local
+        # launcher does (Ray's CPUs are only counts)
+        lc = config.launcher
+        need = lc.n_servers * lc.server_threads + lc.trainer_nproc * lc.trainer_threads
+        ray.init(num_cpus=max(os.cpu_count() or 1, need), include_dashboard=False,
+                 log_to_driver=True)
+    else:
+        ray.init(address=address, log_to_driver=True)
     old = {}
 
     def on_signal(signum, _frame):
