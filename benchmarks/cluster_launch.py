@@ -24,6 +24,7 @@ the job fails: seconds from the kill until the job has ended.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import signal
@@ -36,10 +37,27 @@ from pathlib import Path
 import psutil
 
 from benchmarks.grpo_runs import ROOT, last_step, log_tail, small_run, wait_exit, wait_until
-from tests.procs import spawn
 
 CONFIG = str(ROOT / "configs" / "toy_grpo.yaml")
 TIMEOUT = 600
+
+
+@contextlib.contextmanager
+def spawn(cmd: list[str], env: dict | None = None):
+    """``cmd`` in its own process group, output to a temp log; the group is killed after."""
+    log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+    try:
+        yield proc, log.name
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(15)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
 
 
 def _servers(token: str) -> list[psutil.Process]:
