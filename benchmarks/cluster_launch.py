@@ -13,9 +13,9 @@ trainer), one after the other in one run so the figures share the machine's load
   SLURM_CONF set while it is up, or ``deploy/slurm/local_cluster.sh start`` first).
 
 Launch to first step: from starting the command until step 1 is in the run's metrics.
-Failed server: one of the two servers' processes is SIGKILLed after step 3. local: the run goes
-on with one server (``launcher.max_server_failures=1``): the figure is the run's time against
-the same run without a kill. ray: ``launcher.ray.server_restarts=1``: seconds from the kill until
+Failed server: one of the two servers' processes is SIGKILLed after step 3, in runs of three
+times the steps. local: the run goes on with one server (``launcher.max_server_failures=1``):
+whether it finishes, and its time. ray: ``launcher.ray.server_restarts=1``: seconds from the kill until
 the client re-admitted the restarted server at the current weights (same address). slurm: the
 servers step ends with the dead server (the template's default ``max_server_failures=0``), so
 the job fails: seconds from the kill until the job has ended.
@@ -76,6 +76,13 @@ def _kill_one_server(token: str) -> None:
 
 def _run(name: str, cmd: list[str], fileroot: Path, trial: str, kill: bool,
          wait_text: str | None = None, env: dict | None = None) -> dict:
+    r = _one_run(name, cmd, fileroot, trial, kill, wait_text, env)
+    print(f"# {name}{' with a server killed' if kill else ''}: {({k: round(v, 1) if isinstance(v, float) else v for k, v in r.items() if k != 'log'})}", flush=True)
+    return r
+
+
+def _one_run(name: str, cmd: list[str], fileroot: Path, trial: str, kill: bool,
+             wait_text: str | None, env: dict | None) -> dict:
     """One run: seconds to step 1, to the end, and (with ``kill``) to ``wait_text`` after it."""
     res: dict = {}
     with spawn(cmd, env) as (proc, log):
@@ -85,15 +92,16 @@ def _run(name: str, cmd: list[str], fileroot: Path, trial: str, kill: bool,
         res["first_step"] = time.monotonic() - t0
         if kill:
             wait_until(lambda: last_step(fileroot, trial) >= 3, proc, log, TIMEOUT, "step 3")
-            _kill_one_server(str(fileroot))
+            _kill_one_server(str(fileroot.parent))  # slurm: servers write beside outputs/
             tk = time.monotonic()
-            if wait_text:
-                wait_until(lambda: wait_text in log_tail(log, 3000), proc, log, TIMEOUT,
-                           wait_text, poll=0.1)
-                res["recovered"] = time.monotonic() - tk
+            while wait_text and proc.poll() is None:
+                if wait_text in log_tail(log, 3000):
+                    res["recovered"] = time.monotonic() - tk
+                    break
+                time.sleep(0.1)
         res["code"] = wait_exit(proc, log, TIMEOUT)
         res["total"] = time.monotonic() - t0
-        if kill and not wait_text:
+        if kill:
             res["after_kill"] = time.monotonic() - tk
         res["log"] = log_tail(log, 60)
     return res
@@ -110,14 +118,16 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="cluster-launch-"))
     model = build_tiny_model(tmp / "model")
     write_toy_math(tmp / "data", n_train=400, n_valid=4, seed=0)
-    over = [*small_run(model, tmp / "data", args.steps, epochs=1), "launcher.n_servers=2",
-            "weight_update.type=disk", "rollout.health_check_interval=1"]
+    common = ["launcher.n_servers=2", "weight_update.type=disk", "rollout.health_check_interval=1"]
     env = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
     slurm = shutil.which("sbatch") and subprocess.run(
         ["sinfo", "-h"], capture_output=True).returncode == 0
     rows = []
     for kill in ([False] if args.no_failure else [False, True]):
         tag = "kill" if kill else "ok"
+        # with a kill, long enough for a restarted server to come back before the end
+        over = [*small_run(model, tmp / "data", args.steps * (3 if kill else 1), epochs=1),
+                *common]
         root = tmp / f"local-{tag}"
         rows.append(("local", kill, _run("local", [
             sys.executable, "-m", "arealite.launcher.local", CONFIG, f"cluster.fileroot={root}",
@@ -143,19 +153,19 @@ def main() -> int:
     print(f"toy GRPO, {args.steps} steps, 2 embedded servers + 1 trainer, one machine "
           f"({os.cpu_count()} cores){'' if slurm else '; no Slurm answering: slurm skipped'}")
     print(f"{'launcher':<8} {'launch to first step (s)':>25} {'whole run (s)':>14} {'exit':>5}")
-    base = {}
     for name, kill, r in rows:
         if not kill:
-            base[name] = r["total"]
             print(f"{name:<8} {r['first_step']:>25.1f} {r['total']:>14.1f} {r['code']:>5}")
     for name, kill, r in rows:
         if not kill:
             continue
-        if "recovered" in r:
-            what = (f"server restarted by Ray and re-admitted {r['recovered']:.1f} s after the "
-                    f"kill; run {r['total']:.1f} s (vs {base[name]:.1f} s), exit {r['code']}")
+        if name == "ray":
+            back = (f"re-admitted {r['recovered']:.1f} s after the kill" if "recovered" in r
+                    else "not re-admitted before the run ended")
+            what = (f"server restarted by Ray, {back}; run {r['total']:.1f} s "
+                    f"({3 * args.steps} steps), exit {r['code']}")
         elif name == "local":
-            what = (f"run went on with 1 server: {r['total']:.1f} s (vs {base[name]:.1f} s), "
+            what = (f"run went on with 1 server: {r['total']:.1f} s ({3 * args.steps} steps), "
                     f"exit {r['code']}")
         else:
             what = f"job ended {r['after_kill']:.1f} s after the kill, exit {r['code']}"

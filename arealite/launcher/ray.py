@@ -113,8 +113,7 @@ class RayLauncher:
         rl = self.lc.ray
         for spec in plan.server_specs(self.cfg, [0] * self.lc.n_servers):
             opts = {"num_cpus": self.lc.server_threads, "num_gpus": self.lc.gpus_per_server,
-                    "resources": dict(rl.server_resources), "max_restarts": rl.server_restarts,
-}
+                    "resources": dict(rl.server_resources), "max_restarts": rl.server_restarts}
             handle = self.host_cls.options(**opts).remote(
                 spec, self.log_dir, "server", os.getcwd(), restartable=rl.server_restarts > 0)
             self.servers.append(_Part(spec.name, handle))
@@ -126,6 +125,8 @@ class RayLauncher:
             except self.ray.exceptions.GetTimeoutError:
                 return self._fail(s, "was not placed within launcher.startup_timeout (no node "
                                   f"has the resources it asks for: {rl.server_resources}?)")
+            except self.ray.exceptions.RayActorError as e:
+                return self._fail(s, f"could not start: {e}")
             say(f"{s.name} on node {s.info['node_id'][:12]} ({s.info['ip']}), serving "
                 f"{s.info['addr']}")
         pending = list(self.servers)
@@ -181,18 +182,20 @@ class RayLauncher:
                     "it once it holds the current weights", err=True)
                 s.info, s.down_since = info, None
             return None
+        left = s.restarts < self.lc.ray.server_restarts
         if state == "restarting":
             if s.down_since is None:
                 s.down_since = now
-                s.restarts += 1
-                say(f"{s.name} died; Ray restarts its actor (restart {s.restarts}/"
-                    f"{self.lc.ray.server_restarts})", err=True)
+                if left:
+                    s.restarts += 1
+                    say(f"{s.name} died; Ray restarts its actor (restart {s.restarts}/"
+                        f"{self.lc.ray.server_restarts})", err=True)
             if now - s.down_since < self.lc.startup_timeout:
-                return None
+                return None  # Ray's verdict (back, or dead for good) comes within this
             state = "dead"
         dead.add(s.name)
         why = (f"exited with code {code}" if state == "ok" else
-               f"died ({'restart timed out' if s.down_since else 'no restarts left'})")
+               f"died ({'restart timed out' if left else 'no restarts left'})")
         if len(dead) > self.lc.max_server_failures or len(dead) == len(self.servers):
             return self._fail(s, why, code)
         say(f"{s.name} {why}; continuing on the other servers ({len(dead)}/"
@@ -261,8 +264,9 @@ def run(config: GRPOConfig, config_path: str, overrides: list[str], address: str
         # launcher does (Ray's CPUs are only counts)
         lc = config.launcher
         need = lc.n_servers * lc.server_threads + lc.trainer_nproc * lc.trainer_threads
-        ray.init(num_cpus=max(os.cpu_count() or 1, need), include_dashboard=False,
-                 log_to_driver=True)
+        # address="local": a new one even when `ray start` ran on this machine
+        ray.init(address="local", num_cpus=max(os.cpu_count() or 1, need),
+                 include_dashboard=False, log_to_driver=True)
     else:
         ray.init(address=address, log_to_driver=True)
     old = {}

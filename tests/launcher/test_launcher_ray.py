@@ -3,7 +3,8 @@ starts a head and a worker node as separate raylets on this host, each with its 
 resource, so placement by resources is real placement on different nodes.
 
 The toy GRPO job trains with both servers on the worker node and the trainer on the head node;
-a server process killed mid-run is restarted by Ray on its port and the run finishes; a killed
+a server process killed mid-run is restarted by Ray on its port and re-admitted by the client at
+the current weights, and killed once more (no restart left) it stops the run, named; a killed
 trainer actor stops everything and ``recover.mode=auto`` resumes on the next launch. Every
 process the launcher and the cluster started is gone afterwards.
 """
@@ -46,7 +47,8 @@ def _ray_procs() -> dict[int, psutil.Process]:
 def cluster():
     from ray.cluster_utils import Cluster
 
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    mp = pytest.MonkeyPatch()
+    mp.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     c = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 1, "resources": {"trainer_node": 1}, "node_ip_address": "127.0.0.1",
         "include_dashboard": False})
@@ -65,6 +67,7 @@ def cluster():
             left = [p for p in left if _running(p)]
         for p in left:  # fail, but leave nothing behind
             p.kill()
+        mp.undo()
         assert not left, f"Ray processes left: {[p.cmdline()[:2] for p in left]}"
 
 
@@ -110,17 +113,33 @@ def _overrides(tiny_model_dir: Path, data: Path, steps: int) -> list[str]:
             "rollout.health_check_interval=1"]
 
 
-def test_servers_and_trainer_on_different_nodes_survive_a_dead_server(
+def _listening(token: str) -> dict[str, int]:
+    """``ip:port`` -> pid of every embedded server of this test listening there."""
+    out = {}
+    for p in _ours(token):
+        if "servers.launch_server" in " ".join(p.cmdline()):
+            for conn in p.net_connections("tcp"):
+                if conn.status == psutil.CONN_LISTEN:
+                    out[f"{conn.laddr.ip}:{conn.laddr.port}"] = p.pid
+    return out
+
+
+def test_servers_and_trainer_on_different_nodes_and_a_dead_server(
         cluster, tmp_path, tiny_model_dir):
+    """Placement and addresses; a killed server restarted by Ray and re-admitted; killed again
+    with no restart left (and launcher.max_server_failures=0), the run stops naming it."""
     c, head_id, worker_id, _ = cluster
     data = tmp_path / "data"
     write_toy_math(data, n_train=400, n_valid=4, seed=0)
-    steps = 80  # the restart (a new Ray worker, a server loading the model) takes ~10 s
-    over = [*_overrides(tiny_model_dir, data, steps), "launcher.ray.server_restarts=1"]
-    with spawn(_cmd(c, tmp_path, "placed", over)) as (proc, log):
+    # never reached: the second kill stops the run, however long the restart takes under load
+    steps = 1000
+    over = [*_overrides(tiny_model_dir, data, steps), "launcher.ray.server_restarts=1",
+            "total_train_epochs=100"]
+    trial = "placed"
+    with spawn(_cmd(c, tmp_path, trial, over)) as (proc, log):
         t0 = time.monotonic()
-        wait_until(lambda: last_step(tmp_path, "placed") >= 2, proc, log, TRIAL_TIMEOUT, "step 2")
-        first_step = time.monotonic() - t0
+        wait_until(lambda: last_step(tmp_path, trial) >= 2, proc, log, TRIAL_TIMEOUT, "step 2")
+        print(f"ray: launch to step 2 in {time.monotonic() - t0:.1f}s")
         out = log_tail(log, 400)
         placed = dict(re.findall(r"(server\d|trainer) on node (\w+)", out))
         assert placed == {"server0": worker_id[:12], "server1": worker_id[:12],
@@ -128,29 +147,31 @@ def test_servers_and_trainer_on_different_nodes_survive_a_dead_server(
         # The addresses the trainer got are the ones the server processes listen on.
         given = re.search(r"AREAL_LLM_SERVER_ADDRS=(\S+)", out.split("trainer on node")[1])
         addrs = given.group(1).split(",")
-        servers = {p.pid: p for p in _ours(str(tmp_path)) if "servers.launch_server" in
-                   " ".join(p.cmdline())}
-        listening = {f"{c.laddr.ip}:{c.laddr.port}": pid for pid, p in servers.items()
-                     for c in p.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+        listening = _listening(str(tmp_path))
         assert sorted(listening) == sorted(addrs), (listening, addrs)
-        # Kill server1's process: Ray restarts its actor, which serves the same address again.
+        # Kill server1's process: Ray restarts its actor, which serves the same address again,
+        # and the client re-syncs it to the current weights and re-admits it.
         victim = addrs[1]
         os.killpg(os.getpgid(listening[victim]), signal.SIGKILL)
-        killed_after, t_kill = last_step(tmp_path, "placed"), time.monotonic()
+        killed_after, t_kill = last_step(tmp_path, trial), time.monotonic()
         wait_until(lambda: f"server {victim} re-admitted" in log_tail(log, 400), proc, log,
                    TRIAL_TIMEOUT, "the restarted server's re-admission", poll=0.2)
         print(f"ray: server killed to re-admitted in {time.monotonic() - t_kill:.1f}s")
-        code = wait_exit(proc, log, TRIAL_TIMEOUT)
-        out = log_tail(log, 2000)
-    assert code == 0, out[-6000:]
-    assert killed_after < steps - 2, "the server died too late to test anything"
+        back_at = last_step(tmp_path, trial)
+        wait_until(lambda: last_step(tmp_path, trial) >= back_at + 2, proc, log, TRIAL_TIMEOUT,
+                   "two steps after the re-admission")
+        # Kill it again: no restart left, and no failure allowed: the run stops, naming it.
+        os.killpg(os.getpgid(_listening(str(tmp_path))[victim]), signal.SIGKILL)
+        code = wait_exit(proc, log, 120)
+        out = log_tail(log, 3000)
+    assert killed_after < back_at, (killed_after, back_at)
     assert "server1 died; Ray restarts its actor (restart 1/1)" in out, out[-6000:]
     assert f"server1 restarted by Ray at {victim};" in out, out[-6000:]
-    # the client took it back at the current weights (re-synced from the last disk update)
-    assert f"server {victim} re-admitted to the pool" in out, out[-6000:]
-    rows = [r for r in metrics(tmp_path, "placed") if r["step"] >= 1]
-    assert [r["step"] for r in rows] == list(range(1, steps + 1))
-    print(f"ray: launch to step 2 in {first_step:.1f}s")
+    assert f"server {victim} re-synced to version" in out, out[-6000:]
+    assert code != 0 and "server1 died (no restarts left); its last" in out, out[-6000:]
+    assert "restart 2/1" not in out
+    rows = [r["step"] for r in metrics(tmp_path, trial) if r["step"] >= 1]
+    assert rows == list(range(1, len(rows) + 1)) and rows[-1] >= back_at + 2, rows
     _assert_no_orphans(str(tmp_path))
 
 
