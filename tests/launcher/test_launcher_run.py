@@ -60,7 +60,7 @@ class Run:
         except psutil.Error:
             pass
 
-    def wait(self, timeout: float = 60) -> int:
+    def wait(self, timeout: float = 180) -> int:  # 54 s seen under load for 26 s quiet
         deadline = time.monotonic() + timeout
         while self.proc.poll() is None and time.monotonic() < deadline:
             self.watch()
