@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         stats.update(batch_rollout_stats(batch, rollout, version, time.perf_counter() - t0 - eval_secs))
         ids_log.record(step + 1, batch.get("sample_ids"))
         logger.commit(step + 1, stats)
-        observers.step(step + 1, version, t0, stats)
+        observers.step(step + 1, version, t0, stats, eval_secs)
         # Last, after the step's logs: a crash before it repeats the step, never skips its lines.
         if checkpointer.check(epochs=epoch_done, steps=1):
             info = rec.RecoverInfo(step=step, epoch=epoch, epoch_step=step % ft.steps_per_epoch, version=version,

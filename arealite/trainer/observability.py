@@ -22,12 +22,16 @@ class StepObservers:
         if self.tracer is not None:
             trace_hooks.install(rollout)
 
-    def step(self, step: int, version: int, t0: float, stats: dict[str, float]) -> None:
-        """Step ``step`` began at ``t0`` (``time.perf_counter``) and lasted ``timeperf/step``."""
+    def step(self, step: int, version: int, t0: float, stats: dict[str, float],
+             eval_seconds: float = 0.0) -> None:
+        """Step ``step`` began at ``t0`` (``time.perf_counter``) and lasted ``timeperf/step``
+        plus the ``eval_seconds`` of an evaluation inside it (which ``timeperf/step`` excludes:
+        in the trace the evaluation is a span inside the step)."""
         self.metrics.record_step(step, version, stats, self.rollout)
         if self.tracer is not None:
-            self.tracer.complete(f"step {step}", "step", trace.TRAINER_TID, t0,
-                                 t0 + stats.get("timeperf/step", 0.0), {"step": step, "version": version})
+            end = t0 + stats.get("timeperf/step", 0.0) + eval_seconds
+            self.tracer.complete(f"step {step}", "step", trace.TRAINER_TID, t0, end,
+                                 {"step": step, "version": version, "eval_seconds": eval_seconds})
             self.tracer.flush()
 
     def close(self) -> None:

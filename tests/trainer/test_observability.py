@@ -92,13 +92,16 @@ def check_trace(path: Path, rows: list[dict]) -> None:
     steps = [e for e in events if e["cat"] == "step"]
     assert [e["args"]["step"] for e in steps] == list(range(1, STEPS + 1))
     logged = {r["step"]: r["timeperf/step"] for r in rows}
-    for e in steps:  # the step span is the logged step time, to the microsecond's rounding
-        assert abs(e["dur"] / 1e6 - logged[e["args"]["step"]]) < 0.003
     phases = [e for e in events if e["cat"] == "timeperf"]
+    evals = [p for p in phases if p["name"] == "eval"]
+    for e in steps:  # the step span less its evaluation is the logged step time (evaluation
+        # is excluded from timeperf/step), to the microsecond's rounding
+        inner = sum(p["dur"] for p in evals if inside(p, e)) / 1e6
+        assert abs(e["args"]["eval_seconds"] - inner) < 0.003
+        assert abs(e["dur"] / 1e6 - inner - logged[e["args"]["step"]]) < 0.003
     for name in ("rollout_wait", "logp", "update", "weight_sync"):
         assert sum(p["name"] == name for p in phases) >= STEPS, name
-    evals = [p for p in phases if p["name"] == "eval"]
-    assert evals and not any(p["ts"] < end[id(s)] and s["ts"] < end[id(p)] for p in evals for s in steps)
+    assert evals and all(any(inside(p, s) for s in steps) for p in evals if p["ts"] > steps[0]["ts"])
     for p in phases:  # each phase lies inside the step it overlaps
         hosts = [s for s in steps if s["ts"] < end[id(p)] and p["ts"] < end[id(s)]]
         if hosts:
