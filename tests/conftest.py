@@ -47,3 +47,37 @@ def toy_data_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def gsm8k_fixture() -> Path:
     return Path(__file__).parent / "fixtures" / "gsm8k_sample.jsonl"
+
+
+@pytest.fixture(scope="session")
+def toy_assets(tmp_path_factory) -> Path:
+    """The main job's ``assets`` folder (tiny model, toy task, SFT warm start), built once per
+    session as ``make run`` builds it; tests point ``{fileroot}/assets`` at it."""
+    import subprocess
+    import sys
+
+    root = tmp_path_factory.mktemp("toy_fileroot")
+    code = ("import sys; from pathlib import Path; from arealite.trainer import main_job as m; "
+            "a = Path(sys.argv[1]) / 'assets'; m.build_assets(a); "
+            "sys.exit(m.ensure_sft_model(a, sys.argv[1]))")
+    res = subprocess.run([sys.executable, "-c", code, str(root)], cwd=Path(__file__).parents[1],
+                         capture_output=True, text=True, timeout=600, start_new_session=True)
+    assert res.returncode == 0, f"building the toy assets failed:\n{res.stdout[-3000:]}{res.stderr[-3000:]}"
+    return root / "assets"
+
+
+@pytest.fixture(scope="session")
+def vllm_pool(tiny_model_dir):
+    """Two real vLLM servers on the tiny model, shared by the session's vLLM tests (a cold
+    start costs 30-60 s). Tests that change them say so: tests/rollout's update test moves
+    both to version 1, its failover test kills server 1 (``alive``)."""
+    from tests.procs import VLLMServers, vllm_available
+
+    if not vllm_available():
+        pytest.skip("no .venv-vllm: run make setup-vllm")
+    servers = VLLMServers(tiny_model_dir, 2)
+    try:
+        servers.start()
+        yield servers
+    finally:
+        servers.close()

@@ -121,6 +121,9 @@ class VLLMServers:
     def kill(self, i: int) -> None:
         kill_group(self.procs[i], grace=0.1)
 
+    def alive(self) -> list[str]:
+        return [a for a, p in zip(self.addrs, self.procs) if p.poll() is None]
+
     def close(self) -> None:
         for p in self.procs:
             kill_group(p)

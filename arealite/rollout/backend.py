@@ -47,6 +47,7 @@ class GenerateProtocol(Protocol):
     update_session_paths: tuple[str, str] | None  # begin/end of an update (404 tolerated)
     required_endpoints: tuple[tuple[str, str], ...]  # (method, path) probed at start-up
     supports_broadcast: bool  # SGLang's /init_weights_update_group protocol
+    weight_checksums: bool  # /weights_checker answers hashes comparable with the trainer's
 
     def pause_call(self, mode: str) -> tuple[str, dict[str, Any] | None]:
         """(path, JSON body or None) of the pause before an update (``pause_mode``)."""

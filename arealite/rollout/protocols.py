@@ -25,10 +25,16 @@ def protocol_for(server_backend: str) -> GenerateProtocol:
 
 def weight_update_for(wu: WeightUpdateConfig, protocol: GenerateProtocol) -> WeightUpdateConfig:
     """``wu``, with broadcast replaced by disk updates for a backend that cannot take SGLang's
-    broadcast (vLLM: its own transfer engine is a different protocol); logged, since the
-    config asked otherwise."""
+    broadcast (vLLM: its own transfer engine is a different protocol), and verification off
+    where the servers' checksums cannot be compared; each logged, since the config asked
+    otherwise."""
     if wu.type == "distributed" and not protocol.supports_broadcast:
         logger.warning("weight_update.type=distributed: %s servers do not speak SGLang's "
                        "broadcast protocol; updating from disk instead", protocol.name)
-        return wu.model_copy(update={"type": "disk"})
+        wu = wu.model_copy(update={"type": "disk"})
+    if wu.verify and not protocol.weight_checksums:
+        logger.warning("weight_update.verify: %s servers hash weights their own way (not "
+                       "comparable with the trainer's checksums); updates are not verified",
+                       protocol.name)
+        wu = wu.model_copy(update={"verify": False})
     return wu

@@ -261,6 +261,7 @@ class SGLangProtocol:
     continue_path = "/continue_generation"
     update_session_paths = ("/begin_weight_update", "/end_weight_update")  # 404 tolerated
     required_endpoints: tuple[tuple[str, str], ...] = ()
+    weight_checksums = True  # /weights_checker hashes comparable with the trainer's
     supports_broadcast = True
 
     @staticmethod

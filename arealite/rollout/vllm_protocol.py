@@ -152,6 +152,7 @@ class VLLMProtocol:
     continue_path = "/resume"
     update_session_paths = None  # no begin/end of an update
     required_endpoints = REQUIRED_ENDPOINTS
+    weight_checksums = False  # /weights_checker hashes comparable with the trainer's
     supports_broadcast = False  # vLLM's weight transfer engine is not SGLang's group protocol
 
     @staticmethod

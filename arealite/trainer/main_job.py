@@ -35,6 +35,20 @@ def build_assets(assets: Path) -> None:
         write_toy_math(assets / "toy_math", n_train=3000, n_valid=200, seed=0)
 
 
+def ensure_sft_model(assets: Path, fileroot: str | Path, sft_model: Path | None = None) -> int:
+    """The SFT warm start at ``sft_model`` (default ``assets/sft_model``), built through the
+    launcher when missing; the launcher's exit status."""
+    from arealite.launcher.local import main as launch
+
+    sft_model = sft_model or assets / "sft_model"
+    if (sft_model / "config.json").is_file():
+        print(f"== 2/3 SFT warm start: reusing {sft_model}", flush=True)
+        return 0
+    print(f"== 2/3 SFT warm start -> {sft_model}", flush=True)
+    return launch([SFT_CONFIG, *asset_overrides(assets, "model.path"), f"cluster.fileroot={fileroot}",
+                   f"output_dir={sft_model}", f"stop_at_valid_accuracy={SFT_STOP_ACCURACY}"])
+
+
 def asset_overrides(assets: Path, model: str) -> list[str]:
     """Point a config at the assets under ``{cluster.fileroot}/assets``."""
     return [f"{model}={assets / ('tiny_model' if model == 'model.path' else 'sft_model')}",
@@ -57,18 +71,11 @@ def main(overrides: list[str] | None = None) -> int:
     t0 = time.monotonic()
     print("== 1/3 building the tiny model and the toy task", flush=True)
     build_assets(assets)
-    sft_model = Path(grpo.actor.path)
-    if not (sft_model / "config.json").is_file():
-        print(f"== 2/3 SFT warm start -> {sft_model}", flush=True)
-        code = launch([SFT_CONFIG, *asset_overrides(assets, "model.path"),
-                       f"cluster.fileroot={fileroot}", f"output_dir={sft_model}",
-                       f"stop_at_valid_accuracy={SFT_STOP_ACCURACY}"])
-        if code != 0:
-            print(f"arealite: SFT warm start failed (exit {code})", file=sys.stderr)
-            return code
-    else:
-        print(f"== 2/3 SFT warm start: reusing {sft_model}", flush=True)
-    print("== 3/3 async GRPO on embedded CPU servers", flush=True)
+    code = ensure_sft_model(assets, fileroot, Path(grpo.actor.path))
+    if code != 0:
+        print(f"arealite: SFT warm start failed (exit {code})", file=sys.stderr)
+        return code
+    print(f"== 3/3 async GRPO on {grpo.launcher.server_backend} servers", flush=True)
     code = launch([GRPO_CONFIG, *overrides])
     out = grpo.run_dir()
     metrics = out / "logs" / "metrics.jsonl"
