@@ -71,3 +71,21 @@ def test_control_calls(tmp_path):
     assert tied_embeddings(str(tmp_path))
     with pytest.raises(ValueError, match="stale"):
         VLLM.disk_update_calls(str(tmp_path), 3, True)
+
+
+@pytest.mark.integration
+def test_a_server_without_vllms_endpoints_is_one_clear_error(tiny_model_dir):
+    """The client's start-up check: another server (here our embedded one, as a vLLM of
+    another version or started without the dev-mode flags would) names what it lacks."""
+    from arealite.api.config import InferenceEngineConfig
+    from arealite.rollout.health import BackendMismatch
+    from arealite.rollout.remote_engine import RemoteSGLangEngine
+    from tests.procs import embedded_server
+
+    with embedded_server(tiny_model_dir) as addr:
+        eng = RemoteSGLangEngine(InferenceEngineConfig(setup_timeout=30), protocol=VLLM)
+        with pytest.raises(BackendMismatch) as e:
+            eng.initialize([addr])
+    msg = str(e.value)
+    assert "vllm protocol" in msg and "GET /weight_info -> HTTP 404" in msg
+    assert "POST /inference/v1/generate -> HTTP 404" in msg and "VLLM_SERVER_DEV_MODE=1" in msg
