@@ -53,7 +53,7 @@ def run(name: str, a: argparse.Namespace, model: Path, data: Path) -> dict[str, 
     argv = [CONFIG, f"actor.path={model}", f"train_dataset.path={data / 'train.jsonl'}",
             "valid_dataset=null", "evaluator.freq_steps=null", f"cluster.fileroot={a.fileroot}",
             "experiment_name=bench-vllm", f"trial_name={name}", f"total_train_steps={a.steps}",
-            "stats_logger.tensorboard=false", *RUNS[name]]
+            "stats_logger.tensorboard=false", "launcher.startup_timeout=600", *RUNS[name]]
     print(f"== {name}: arealite train {' '.join(argv)}", flush=True)
     t0 = time.monotonic()
     with open(out / "console.log", "w") as f, contextlib.redirect_stdout(f), \
@@ -85,6 +85,46 @@ def run(name: str, a: argparse.Namespace, model: Path, data: Path) -> dict[str, 
     return res
 
 
+def table(results: list[dict[str, Any]]) -> str:
+    rows = ["| run | s/step | generated tokens/s | weight sync ms | start-up s | reward first 5 "
+            "-> last 5 steps |", "|---|---|---|---|---|---|"]
+    rows += [f"| {r['run']} | {r['s_per_step']:.3f} | {r['gen_tokens_per_s']:.0f} | "
+             f"{r['weight_sync_s'] * 1e3:.0f} | {r['startup_s']:.0f} | "
+             f"{r['reward_first']:.2f} -> {r['reward_last']:.2f} |" for r in results]
+    return "\n".join(rows)
+
+
+def page_section() -> str | None:
+    """docs/benchmarks.md's section (``benchmarks.run_all``): the last results and which
+    backend to pick when; None before a first run."""
+    paths = [RESULTS / "vllm_vs_embedded.json", RESULTS / "vllm_vs_embedded_quick.json"]
+    path = next((p for p in paths if p.is_file()), None)
+    if path is None:
+        return None
+    r = json.loads(path.read_text())
+    s = r["settings"]
+    return (f"`python -m benchmarks.vllm_vs_embedded --steps {s['steps']}` "
+            f"(`{path.relative_to(ROOT)}`; figures over steps {s['warmup'] + 1}-{s['steps']}):\n\n"
+            + table(r["runs"]) + "\n\n" + PICK)
+
+
+PICK = """\
+Which to pick when:
+
+- **The embedded server** (default) on CPU machines like these, and whenever the run needs a
+  broadcast weight update or checksum-verified updates: it starts in a few seconds, its
+  broadcast update skips the disk, and it is what the main job and the benchmarks above are
+  tuned on.
+- **vLLM** (`launcher.server_backend=vllm`) on GPUs for real models (paged attention, CUDA
+  graphs, its kernels and model zoo), or to check that a result does not depend on our own
+  server: same client, workflows and invariants, per-token versions reported by vLLM itself.
+  On this CPU it costs a 30-60 s start per server, a disk write and reload per update, and the
+  CPU build's per-token overhead on a model this small. It needs a model with untied
+  embeddings (and on CPU a head_dim vLLM's CPU attention serves).
+- **Real SGLang** (`launcher.server_backend=sglang`) on GPUs when the run needs the broadcast
+  update path (`weight_update.type=distributed`), which vLLM does not take from arealite yet."""
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="20 steps")
@@ -104,12 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     model, data = ensure_model(Path(a.fileroot))
     results = [run(name, a, model, data) for name in RUNS]
     by = {r["run"]: r for r in results}
-    print("\n| run | s/step | generated tokens/s | weight sync ms | start-up s | reward first 5 "
-          "-> last 5 steps |\n|---|---|---|---|---|---|")
-    for r in results:
-        print(f"| {r['run']} | {r['s_per_step']:.3f} | {r['gen_tokens_per_s']:.0f} | "
-              f"{r['weight_sync_s'] * 1e3:.0f} | {r['startup_s']:.0f} | "
-              f"{r['reward_first']:.2f} -> {r['reward_last']:.2f} |")
+    print("\n" + table(results))
     v = by["vllm-disk"]
     for ref in ("embedded-broadcast", "embedded-disk"):
         e = by[ref]

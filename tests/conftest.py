@@ -65,19 +65,3 @@ def toy_assets(tmp_path_factory) -> Path:
     assert res.returncode == 0, f"building the toy assets failed:\n{res.stdout[-3000:]}{res.stderr[-3000:]}"
     return root / "assets"
 
-
-@pytest.fixture(scope="session")
-def vllm_pool(tiny_model_dir):
-    """Two real vLLM servers on the tiny model, shared by the session's vLLM tests (a cold
-    start costs 30-60 s). Tests that change them say so: tests/rollout's update test moves
-    both to version 1, its failover test kills server 1 (``alive``)."""
-    from tests.procs import VLLMServers, vllm_available
-
-    if not vllm_available():
-        pytest.skip("no .venv-vllm: run make setup-vllm")
-    servers = VLLMServers(tiny_model_dir, 2)
-    try:
-        servers.start()
-        yield servers
-    finally:
-        servers.close()

@@ -92,7 +92,8 @@ class VLLMServers:
     """``n`` real vLLM servers (``launcher.server_backend=vllm``'s own command line, from
     ``arealite.launcher.vllm_server``), each in its own process group, started at once."""
 
-    def __init__(self, model_path: str, n: int, max_model_len: int = 512):
+    def __init__(self, model_path: str, n: int, max_model_len: int = 512,
+                 extra_args: tuple[str, ...] = ()):
         from types import SimpleNamespace
 
         from arealite.launcher.vllm_server import vllm_command
@@ -101,14 +102,14 @@ class VLLMServers:
         self.addrs = [f"{LOOPBACK}:{p}" for p in self.ports]
         sg = SimpleNamespace(dtype="float32", log_level="warning", mem_fraction_static=None,
                              context_length=max_model_len, max_running_requests=None, tp_size=1,
-                             extra_args=[])
+                             extra_args=list(extra_args))
         self.cmds = [vllm_command(str(model_path), LOOPBACK, p, sg, i, True, None, dict(os.environ))
                      for i, p in enumerate(self.ports)]
         self.procs: list[subprocess.Popen] = []
         self.logs = [tempfile.NamedTemporaryFile("w+", suffix=f".vllm{i}.log", delete=False)
                      for i in range(n)]
 
-    def start(self, timeout: float = 240.0) -> None:
+    def start(self, timeout: float = 400.0) -> None:
         for (cmd, env), log in zip(self.cmds, self.logs):
             self.procs.append(subprocess.Popen(
                 cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
@@ -120,9 +121,6 @@ class VLLMServers:
 
     def kill(self, i: int) -> None:
         kill_group(self.procs[i], grace=0.1)
-
-    def alive(self) -> list[str]:
-        return [a for a, p in zip(self.addrs, self.procs) if p.poll() is None]
 
     def close(self) -> None:
         for p in self.procs:

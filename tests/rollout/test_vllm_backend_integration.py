@@ -3,8 +3,8 @@
 generation cut by a disk update and resumed with per-token versions, a server killed
 mid-run.
 
-The tests share the session's pair of servers (``vllm_pool`` in tests/conftest.py) and run in
-file order: the update test moves the weights, the failover test kills server 1 last.
+The tests share one pair of servers (a cold start costs 30-60 s each; they stop with the module)
+and run in file order: the update test moves the weights, the failover test kills one last.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from arealite.api.io_struct import WeightUpdateMeta
 from arealite.rollout.remote_engine import RemoteSGLangEngine
 from arealite.rollout.vllm_protocol import VLLM
 from arealite.rollout.weight_sync import WeightUpdateError
-from tests.procs import vllm_available
+from tests.procs import VLLMServers, vllm_available
 from tests.rollout.test_remote_engine_integration import (
     check_versions_match_weights,
     perturbed_state,
@@ -33,6 +33,18 @@ pytestmark = [
     pytest.mark.integration,
     pytest.mark.skipif(not vllm_available(), reason="no .venv-vllm: run make setup-vllm"),
 ]
+
+
+@pytest.fixture(scope="module")
+def vllm_pool(tiny_model_dir):
+    # --enforce-eager: no torch.compile warm-up (about 20 s of each start on 2 cores); these
+    # tests are about the protocol, tests/trainer/test_vllm_grpo.py runs the launcher's flags
+    servers = VLLMServers(tiny_model_dir, 2, extra_args=("--enforce-eager",))
+    try:
+        servers.start()
+        yield servers
+    finally:
+        servers.close()
 
 
 def make_engine(addrs, **kw) -> RemoteSGLangEngine:
