@@ -39,7 +39,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from servers import openapi_schema
 from servers.auth import ADMIN_PATHS, ApiKeyMiddleware
-from servers.server_args import ADMIN_API_KEY_ENV, API_KEY_ENV
+from servers.server_args import ADMIN_API_KEY_ENV, API_KEY_ENV, INSECURE_HELP, check_bind
 
 logger = logging.getLogger(__name__)
 
@@ -333,12 +333,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log-level", default="info")
     p.add_argument("--api-key", default=None, help=f"default: ${API_KEY_ENV}")
     p.add_argument("--admin-api-key", default=None, help=f"default: ${ADMIN_API_KEY_ENV}")
+    p.add_argument("--insecure", action="store_true", help=INSECURE_HELP)
     args = p.parse_args(argv)
+    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    admin_api_key = args.admin_api_key or os.environ.get(ADMIN_API_KEY_ENV) or None
+    check_bind(p, args.host, args.insecure, api_key, admin_api_key)
     urls = [u for u in args.servers.split(",") if u.strip()]
     gw = Gateway(urls, health_interval=args.health_check_interval,
                  failure_threshold=args.health_failure_threshold,
-                 api_key=args.api_key or os.environ.get(API_KEY_ENV),
-                 admin_api_key=args.admin_api_key or os.environ.get(ADMIN_API_KEY_ENV))
+                 api_key=api_key, admin_api_key=admin_api_key)
     logging.basicConfig(level=getattr(logging, args.log_level.upper()))
     uvicorn.run(create_app(gw), host=args.host, port=args.port, log_level=args.log_level)
     return 0

@@ -99,9 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--weight-load-root", action="append", default=[], metavar="DIR",
                    help="also let /update_weights_from_disk read checkpoints under DIR "
                         "(repeatable; the folder holding --model-path is always allowed)")
-    p.add_argument("--insecure", action="store_true",
-                   help="allow a non-loopback --host without --api-key (anyone who can reach "
-                        "the port can then generate, pause and load weights)")
+    p.add_argument("--insecure", action="store_true", help=INSECURE_HELP)
     compat = p.add_argument_group(
         "SGLang flags accepted so one launch plan starts either backend; ignored here")
     compat.add_argument("--mem-fraction-static", type=float, default=None,
@@ -127,6 +125,17 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+INSECURE_HELP = ("allow a non-loopback --host without --api-key (anyone who can reach the port "
+                 "can then generate, pause and load weights)")
+
+
+def check_bind(parser: argparse.ArgumentParser, host: str, insecure: bool, *keys: str | None) -> None:
+    """Refuse (exit 2) to serve a non-loopback address with no key, unless ``--insecure``."""
+    if not (insecure or any(keys) or is_loopback(host)):
+        parser.error(f"--host {host} is reachable from other machines: set --api-key (and "
+                     "--admin-api-key), or pass --insecure to serve without one")
+
+
 def parse_args(argv: list[str] | None = None) -> ServerArgs:
     parser = build_parser()
     ns = parser.parse_args(argv)
@@ -142,9 +151,7 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
     # launch_command would show them); a flag wins.
     ns.api_key = ns.api_key or os.environ.get(API_KEY_ENV) or None
     ns.admin_api_key = ns.admin_api_key or os.environ.get(ADMIN_API_KEY_ENV) or None
-    if not (ns.insecure or ns.api_key or ns.admin_api_key or is_loopback(ns.host)):
-        parser.error(f"--host {ns.host} is reachable from other machines: set --api-key (and "
-                     "--admin-api-key), or pass --insecure to serve without one")
+    check_bind(parser, ns.host, ns.insecure, ns.api_key, ns.admin_api_key)
     for name in ("context_length", "max_running_requests"):
         v = getattr(ns, name)
         if v is not None and v < 1:

@@ -53,19 +53,43 @@ def embedded_server(
     model_path: str, extra_args: list[str] | None = None, timeout: float = 120.0
 ) -> Iterator[str]:
     """Start ``python -m servers.launch_server`` on a free loopback port; yields ``host:port``."""
-    port = find_free_port()
-    cmd = [
-        sys.executable, "-m", "servers.launch_server", "--model-path", str(model_path),
-        "--host", LOOPBACK, "--port", str(port), *(extra_args or []),
-    ]
-    with spawn(cmd) as (proc, log):
+    with embedded_server_proc(model_path, extra_args, timeout) as (addr, _):
+        yield addr
+
+
+@contextlib.contextmanager
+def embedded_server_proc(
+    model_path: str, extra_args: list[str] | None = None, timeout: float = 120.0
+) -> Iterator[tuple[str, subprocess.Popen]]:
+    """``embedded_server``, also yielding its process (for tests that kill it)."""
+    with embedded_servers(model_path, 1, extra_args, timeout) as (one,):
+        yield one
+
+
+@contextlib.contextmanager
+def embedded_servers(
+    model_path: str, n: int, extra_args: list[str] | None = None, timeout: float = 120.0
+) -> Iterator[list[tuple[str, subprocess.Popen]]]:
+    """``n`` embedded servers started at once (their start-ups overlap); yields
+    ``[(host:port, process), ...]``."""
+    with contextlib.ExitStack() as stack:
+        started = []
+        for _ in range(n):
+            port = find_free_port()
+            cmd = [
+                sys.executable, "-m", "servers.launch_server", "--model-path", str(model_path),
+                "--host", LOOPBACK, "--port", str(port), *(extra_args or []),
+            ]
+            started.append((port, *stack.enter_context(spawn(cmd))))
         t0 = time.monotonic()
-        ok = wait_http_ok(f"http://{LOOPBACK}:{port}/health", timeout, alive=lambda: proc.poll() is None)
-        if not ok:
-            raise RuntimeError(
-                f"server did not become healthy in {time.monotonic() - t0:.0f}s:\n{log_tail(log)}"
-            )
-        yield f"{LOOPBACK}:{port}"
+        for port, proc, log in started:
+            left = max(1.0, timeout - (time.monotonic() - t0))
+            ok = wait_http_ok(f"http://{LOOPBACK}:{port}/health", left,
+                              alive=lambda p=proc: p.poll() is None)
+            if not ok:
+                raise RuntimeError(f"server did not become healthy in "
+                                   f"{time.monotonic() - t0:.0f}s:\n{log_tail(log)}")
+        yield [(f"{LOOPBACK}:{port}", proc) for port, proc, _ in started]
 
 
 @contextlib.contextmanager

@@ -287,6 +287,8 @@ class WeightUpdateConfig(BaseConfig):
     master_port: int | None = Field(None, ge=1, le=65535, description="None picks a free port.")
     group_name: str = Field("weight_update_group", description="Broadcast group name.")
     timeout: float = Field(600.0, gt=0, description="Seconds before an update is abandoned.")
+    retries: int = Field(1, ge=0, description="Times a broadcast update that lost a server (it "
+                         "died before or inside the update) is retried over the live servers.")
     verify: bool = Field(
         True, description="After each update, compare every server's /weights_checker checksums "
         "with the trainer's; a mismatch re-syncs that server, a second one stops the run.",

@@ -169,6 +169,10 @@ class WeightUpdateMeta:
     verify: bool = False
     checksum_dtype: str | None = None
     checksums: dict[str, tuple[str, str]] | None = None
+    # Set by the client when its half of a distributed update failed (a server died before or
+    # during the transfer): the trainer's upload stops waiting for peers that will never come
+    # and fails at once, instead of waiting out ``timeout`` (push_weights then retries).
+    abort_reason: str | None = None
 
     def __post_init__(self) -> None:
         self.type = WeightUpdateType(self.type)

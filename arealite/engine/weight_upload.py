@@ -16,10 +16,14 @@ hang, and all ranks raise the same ``WeightUploadError`` at the end.
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
+import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -32,6 +36,7 @@ from arealite.utils.fsdp import full_tensor
 from arealite.utils.weight_checksum import dtype_name, tensor_checksum
 
 logger = logging.getLogger("arealite.engine.weight_upload")
+T = TypeVar("T")
 
 
 # a bucket laid out for packing: (total bytes, [(parameter, dtype, start byte, end byte), ...])
@@ -50,6 +55,53 @@ def _gather(p: nn.Parameter) -> torch.Tensor:
 
 class WeightUploadError(RuntimeError):
     """A weight upload failed (on rank 0; every trainer rank raises it)."""
+
+
+def _detached(e: BaseException) -> WeightUploadError:
+    """``e``'s message without its traceback: the traceback's frames hold the failed send
+    and through it the process group, whose sockets must close when we drop it."""
+    if isinstance(e, WeightUploadError):
+        return WeightUploadError(str(e))
+    return WeightUploadError(f"{type(e).__name__}: {e}")
+
+
+def _check_abort(meta: WeightUpdateMeta) -> None:
+    if meta.abort_reason:
+        raise WeightUploadError(f"the client gave up on this update: {meta.abort_reason}")
+
+
+def _abortable(meta: WeightUpdateMeta, deadline: float, join: Callable[[], T]) -> T:
+    """``join()`` (a rendezvous that blocks until every rank came, up to its own timeout) on
+    a daemon thread, given up when the client sets ``meta.abort_reason``: a server that died
+    before joining never comes, and the client knows it long before the timeout. A given-up
+    rendezvous finishes (or times out) on its own thread; a group it still makes is freed."""
+    box: dict[str, Any] = {}
+    done = threading.Event()
+    lock = threading.Lock()
+
+    def run() -> None:
+        try:
+            out = join()
+        except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
+            out, box["err"] = None, e
+        with lock:
+            if box.get("abandoned"):
+                destroy_custom_process_group(out)
+                return
+            box["out"] = out
+            done.set()
+
+    threading.Thread(target=run, name="weight-group-join", daemon=True).start()
+    while not done.wait(0.01):
+        if meta.abort_reason or time.monotonic() >= deadline + 5:
+            with lock:
+                if not done.is_set():
+                    box["abandoned"] = True
+                    _check_abort(meta)
+                    raise WeightUploadError("the weight-update group's rendezvous did not end")
+    if "err" in box:
+        raise box["err"]
+    return box["out"]
 
 
 def param_specs(model: nn.Module, bucket_size_mb: float) -> list[list[ParamSpec]]:
@@ -98,6 +150,7 @@ class DistributedUploader:
         # possibly on its own thread just after update_weights(meta) returned.
         waited = False
         while meta.world_size is None:
+            _check_abort(meta)
             if time.monotonic() >= deadline:
                 raise WeightUploadError(
                     "meta.world_size was never set (1 + Σ tp_size of the servers; the client's "
@@ -126,14 +179,14 @@ class DistributedUploader:
         # A new group (e.g. rebuilt, under a new name, over the servers left after one died)
         # is made before the old one is destroyed: on the same port both share one
         # multi-tenant TCPStore server, which must stay up while the servers connect to it.
-        pg = init_custom_process_group(
+        pg = _abortable(meta, deadline, lambda: init_custom_process_group(
             backend=backend,
             init_method=f"tcp://{meta.master_address}:{int(meta.master_port)}",
             world_size=world,
             rank=0,
             group_name=meta.group_name,
             timeout=left,
-        )
+        ))
         self.close()
         self.pg, self.key = pg, key
         return self.pg
@@ -190,18 +243,25 @@ class DistributedUploader:
             try:
                 pg = self._group(meta, deadline)
             except Exception as e:  # noqa: BLE001 - reported after the collectives below
-                err = e
+                err = _detached(e)
         pending: list = [None, None]
         names = [[spec.name for spec in bucket] for bucket in meta.param_specs]
         want_dt = getattr(torch, meta.checksum_dtype) if meta.checksum_dtype else None
         sums: dict[str, tuple[str, str]] = {}
 
         def wait(k: int) -> None:
-            if pending[k] is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError(f"weight upload exceeded {meta.timeout:.0f} s")
-                pending[k].wait(timeout=timedelta(seconds=left))
+            work = pending[k]
+            if work is not None:
+                # Poll rather than block: a peer that is alive but was never told to receive
+                # (its HTTP call failed) leaves the send pending; the client's abort ends it.
+                pause = 1e-5
+                while not work.is_completed():
+                    _check_abort(meta)
+                    if time.monotonic() >= deadline:
+                        raise TimeoutError(f"weight upload exceeded {meta.timeout:.0f} s")
+                    time.sleep(pause)
+                    pause = min(pause * 2, 0.001)
+                work.wait(timeout=timedelta(seconds=max(1.0, deadline - time.monotonic())))
                 pending[k] = None
 
         for i, (nbytes, items) in enumerate(layout):
@@ -224,24 +284,30 @@ class DistributedUploader:
                         dt_out = want_dt or dt
                         sums[n] = (dtype_name(dt_out), tensor_checksum(sent, dt_out))
             except Exception as e:  # noqa: BLE001
-                err = e
+                err = _detached(e)
         if is_rank0 and err is None:
             try:
                 wait(0)
                 wait(1)
             except Exception as e:  # noqa: BLE001
-                err = e
+                err = _detached(e)
         if is_rank0 and err is None and meta.verify:
             meta.checksums = sums  # the client compares the servers' /weights_checker with these
         if err is not None:
-            self.close()  # a broken collective leaves the group unusable
+            # A broken collective leaves the group unusable. Drop every reference to it (the
+            # pending sends hold one) so its sockets close now: a live server blocked in a
+            # receive from us then fails at once instead of waiting out its group timeout.
+            pending[:] = [None, None]
+            pg = None
+            self.close()
+            gc.collect()
         failed = torch.tensor([1 if err is not None else 0], device=self._default_device())
         if dist.is_initialized():
             dist.all_reduce(failed, op=dist.ReduceOp.MAX)
         if int(failed.item()):
             msg = f"distributed weight upload to version {meta.version} failed"
             if err is not None:
-                raise WeightUploadError(f"{msg}: {type(err).__name__}: {err}") from err
+                raise WeightUploadError(f"{msg}: {err}")
             raise WeightUploadError(f"{msg} on rank 0")
         return time.monotonic() - t0
 

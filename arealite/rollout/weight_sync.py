@@ -165,6 +165,9 @@ class WeightSync:
         deadline = time.monotonic() + timeout
         last = "missing"
         while True:
+            if meta.abort_reason:  # the trainer failed to save: no marker will come
+                raise WeightUpdateError(f"disk update to version {meta.version}: "
+                                        f"{meta.abort_reason}")
             try:
                 got = meta.read_disk_marker()
                 if got == meta.version:
@@ -230,6 +233,11 @@ class WeightSync:
                 )
         except WeightUpdateError as e:
             e.report = report
+            meta.abort_reason = meta.abort_reason or str(e)
+            raise
+        except BaseException as e:
+            # the trainer may be waiting for this update's group: tell it to stop waiting
+            meta.abort_reason = meta.abort_reason or f"{type(e).__name__}: {e}"
             raise
         finally:
             report.seconds = time.monotonic() - t0
@@ -336,12 +344,14 @@ class WeightSync:
                 logger.error("weight update: %s failed %s", a, reason)
                 return None
 
-            joined = [a for a in await asyncio.gather(*(init(a) for a in alive)) if a]
-            if len(joined) != len(alive):
-                raise WeightUpdateError(
-                    "init_weights_update_group failed: "
-                    + "; ".join(f"{a}: {r}" for a, r in failed.items())
-                )
+            if not await self._all_join(alive, init):
+                # The members that did join wait in a rendezvous that will never complete
+                # (as does the trainer, until it sees meta.abort_reason): never reuse the name.
+                self._groups_built += 1
+                msg = "init_weights_update_group failed: " + "; ".join(
+                    f"{a}: {r}" for a, r in failed.items())
+                meta.abort_reason = msg
+                raise WeightUpdateError(msg)
             self.group = self._key
             self._groups_built += 1
         n = len(meta.param_specs)
@@ -357,18 +367,47 @@ class WeightSync:
                 "weight_version": str(meta.version) if last else None,
                 "load_format": "flattened_bucket",
             }
-            before = len(alive)
+            members = alive
             alive = await self.fan_out(
-                session, alive, "/update_weights_from_distributed", payload, failed, timeout
+                session, members, "/update_weights_from_distributed", payload, failed, timeout
             )
-            if len(alive) != before:
+            if len(alive) != len(members):
                 # a collective with a missing member cannot go on; the group is unusable
                 self.group = None
-                raise WeightUpdateError(
-                    f"bucket {i + 1}/{n} failed: "
-                    + "; ".join(f"{a}: {r}" for a, r in failed.items())
-                )
+                msg = f"bucket {i + 1}/{n} failed: " + "; ".join(
+                    f"{a}: {r}" for a, r in failed.items())
+                await self._spare_the_living(session, [a for a in members if a not in alive],
+                                             failed)
+                raise WeightUpdateError(msg)
         return alive
+
+    async def _spare_the_living(
+        self, session: aiohttp.ClientSession, lost: list[str], failed: dict[str, str]
+    ) -> None:
+        """When one member of a broadcast dies, the others' receives fail with it. Those that
+        still answer are not at fault: take them off ``failed`` so they stay in the pool (with
+        part of the new weights, until the trainer's retry sends all of them again)."""
+        infos = await asyncio.gather(
+            *(get_info(session, a, "server_info", 5.0) for a in lost), return_exceptions=True)
+        for a, info in zip(lost, infos):
+            if not isinstance(info, BaseException):
+                logger.warning("weight update: %s lost its broadcast group (%s) but is alive; "
+                               "it stays in the pool for the retry", a, failed.pop(a, ""))
+
+    @staticmethod
+    async def _all_join(addrs: list[str], init: Callable[[str], Any]) -> bool:
+        """Run ``init`` on every server at once; False as soon as one fails. The others'
+        calls are then cancelled: they block until every rank joined, which a failed member
+        never does, so waiting for them would only wait out the servers' group timeout."""
+        tasks = [asyncio.ensure_future(init(a)) for a in addrs]
+        try:
+            for fut in asyncio.as_completed(tasks):
+                if await fut is None:
+                    return False
+            return True
+        finally:
+            for t in tasks:
+                t.cancel()
 
     async def destroy_group(self, session: aiohttp.ClientSession, addrs: list[str]) -> None:
         if self.group is None:

@@ -110,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     rollout.initialize(None, train_data_parallel_size=world)
     eval_rollout.initialize(None, train_data_parallel_size=1)
     if info is not None:  # servers may hold other weights after a crash
-        push_weights(actor, rollout, weight_meta(wu, version, weights_dir, port[0], actor), rank, wu.timeout)
+        push_weights(actor, rollout, weight_meta(wu, version, weights_dir, port[0], actor),
+                     rank, wu.timeout, wu.retries)
 
     # Steps are logged as step + 1: a resumed run keeps the lines up to its checkpoint's.
     logger = StatsLogger(config.stats_logger, config.run_dir("logs"), total_steps=total_steps,
@@ -140,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         with timer("weight_sync"):
             rollout.pause()
             version = step + 1
-            push_weights(actor, rollout, weight_meta(wu, version, weights_dir, port[0], actor), rank, wu.timeout)
+            push_weights(actor, rollout, weight_meta(wu, version, weights_dir, port[0], actor),
+                         rank, wu.timeout, wu.retries)
             rollout.resume()
 
         epoch_done = int((step + 1) % ft.steps_per_epoch == 0)

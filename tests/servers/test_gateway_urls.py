@@ -26,3 +26,22 @@ def test_bad_addresses_are_refused(url):
     with pytest.raises(ValueError):
         gw.add(url)
     assert gw.workers == {}
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "10.1.2.3"])
+def test_gateway_refuses_a_reachable_bind_without_a_key(host, capsys, monkeypatch):
+    import uvicorn
+
+    from servers import gateway
+
+    started: list[dict] = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: started.append(kw))
+    monkeypatch.delenv("AREALITE_API_KEY", raising=False)
+    monkeypatch.delenv("AREALITE_ADMIN_API_KEY", raising=False)
+    with pytest.raises(SystemExit) as e:
+        gateway.main(["--host", host])
+    assert e.value.code == 2 and "--insecure" in capsys.readouterr().err and not started
+    assert gateway.main(["--host", host, "--insecure"]) == 0
+    monkeypatch.setenv("AREALITE_API_KEY", "k")  # a key from the environment is enough
+    assert gateway.main(["--host", host]) == 0
+    assert [kw["host"] for kw in started] == [host, host]
