@@ -111,18 +111,17 @@ def page_section() -> str | None:
 PICK = """\
 Which to pick when:
 
-- **The embedded server** (default) on CPU machines like these, and whenever the run needs a
-  broadcast weight update or checksum-verified updates: it starts in a few seconds, its
-  broadcast update skips the disk, and it is what the main job and the benchmarks above are
-  tuned on.
-- **vLLM** (`launcher.server_backend=vllm`) on GPUs for real models (paged attention, CUDA
-  graphs, its kernels and model zoo), or to check that a result does not depend on our own
-  server: same client, workflows and invariants, per-token versions reported by vLLM itself.
-  On this CPU it costs a 30-60 s start per server, a disk write and reload per update, and the
-  CPU build's per-token overhead on a model this small. It needs a model with untied
-  embeddings (and on CPU a head_dim vLLM's CPU attention serves).
-- **Real SGLang** (`launcher.server_backend=sglang`) on GPUs when the run needs the broadcast
-  update path (`weight_update.type=distributed`), which vLLM does not take from arealite yet."""
+- **The embedded server** (the default) on CPU machines like these: in the table it trains at
+  the same speed or faster, starts sooner (start-up: launch to the trainer's first step), and
+  its broadcast update skips the disk (weight sync). Also whenever a run needs a broadcast
+  update or checksum-verified updates, which arealite does only with SGLang-protocol servers.
+- **vLLM** (`launcher.server_backend=vllm`) on GPUs for real models (its kernels, paged
+  attention and model coverage), or to check that a result does not depend on our own server:
+  same client, workflows and invariants, per-token versions reported by vLLM itself. Updates go
+  through the disk; the model needs untied embeddings (and on CPU a head_dim vLLM's CPU
+  attention serves).
+- **Real SGLang** (`launcher.server_backend=sglang`) on GPUs when a run needs the broadcast
+  update (`weight_update.type=distributed`), which arealite does not send to vLLM yet."""
 
 
 def main(argv: list[str] | None = None) -> int:
