@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +20,16 @@ pytestmark = [
 ]
 
 STEPS, ETA = 20, 2
+
+
+def first_traceback(fileroot: Path) -> str:
+    """The trainer log's first traceback (the launcher's tail shows only torchrun's)."""
+    path = fileroot / "toy-grpo" / "vllm" / "logs" / "trainer.log"
+    if not path.is_file():
+        return "(no trainer log)"
+    lines = path.read_text(errors="replace").splitlines()
+    start = next((i for i, ln in enumerate(lines) if ln.startswith("Traceback")), len(lines) - 40)
+    return "\n".join(lines[max(0, start - 5):start + 40])
 
 
 def test_async_grpo_on_vllm_reward_rises(toy_assets, tmp_path):
@@ -34,8 +45,9 @@ def test_async_grpo_on_vllm_reward_rises(toy_assets, tmp_path):
         t0 = time.monotonic()
         while proc.poll() is None and time.monotonic() - t0 < 560:
             time.sleep(1)
-        assert proc.poll() == 0, f"GRPO on vLLM failed or timed out:\n{log_tail(log, 60)}"
         text = open(log).read()
+        assert proc.poll() == 0, (f"GRPO on vLLM failed or timed out:\n{log_tail(log, 30)}\n"
+                                  f"trainer:\n{first_traceback(tmp_path)}")
     assert "vllm.entrypoints.openai.api_server" in text  # the launcher started real vLLM
     # the toy config asks for a broadcast: vLLM updates from disk instead, and says so
     assert "updating from disk instead" in text
