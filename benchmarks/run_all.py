@@ -365,6 +365,11 @@ def write_page(a: argparse.Namespace, results: list[dict[str, Any]], machine: di
     prof = profile_section(full_r) if full_r else None
     if prof:
         sections.append(("Profile before tuning: what changed and by how much", prof))
+    from benchmarks.vllm_vs_embedded import page_section
+
+    vllm = page_section()
+    if vllm:
+        sections.append(("vLLM vs the embedded server", vllm))
     sections.append(("What would change on GPUs", GPU_NOTE))
     Path(a.doc).parent.mkdir(parents=True, exist_ok=True)
     Path(a.doc).write_text(render_markdown(results, machine, command, sections, date))

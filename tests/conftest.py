@@ -67,3 +67,21 @@ def tool_server(tool_model_dir):
     with embedded_server(str(tool_model_dir), ["--random-seed", "0", "--tool-call-parser",
                                                "qwen25", "--weight-version", "0"]) as addr:
         yield addr
+
+
+@pytest.fixture(scope="session")
+def toy_assets(tmp_path_factory) -> Path:
+    """The main job's ``assets`` folder (tiny model, toy task, SFT warm start), built once per
+    session as ``make run`` builds it; tests point ``{fileroot}/assets`` at it."""
+    import subprocess
+    import sys
+
+    root = tmp_path_factory.mktemp("toy_fileroot")
+    code = ("import sys; from pathlib import Path; from arealite.trainer import main_job as m; "
+            "a = Path(sys.argv[1]) / 'assets'; m.build_assets(a); "
+            "sys.exit(m.ensure_sft_model(a, sys.argv[1]))")
+    res = subprocess.run([sys.executable, "-c", code, str(root)], cwd=Path(__file__).parents[1],
+                         capture_output=True, text=True, timeout=600, start_new_session=True)
+    assert res.returncode == 0, f"building the toy assets failed:\n{res.stdout[-3000:]}{res.stderr[-3000:]}"
+    return root / "assets"
+

@@ -102,3 +102,52 @@ def cpu_hog(n: int = 1) -> Iterator[None]:
     finally:
         for p in procs:
             kill_group(p, grace=1.0)
+
+
+def vllm_available() -> bool:
+    """Whether ``make setup-vllm`` has built the vLLM virtualenv the vllm backend runs from."""
+    from arealite.launcher.vllm_server import vllm_python
+
+    py = vllm_python(dict(os.environ))
+    return py != sys.executable and os.path.exists(py)
+
+
+class VLLMServers:
+    """``n`` real vLLM servers (``launcher.server_backend=vllm``'s own command line, from
+    ``arealite.launcher.vllm_server``), each in its own process group, started at once."""
+
+    def __init__(self, model_path: str, n: int, max_model_len: int = 512,
+                 extra_args: tuple[str, ...] = ()):
+        from types import SimpleNamespace
+
+        from arealite.launcher.vllm_server import vllm_command
+
+        self.ports = [find_free_port() for _ in range(n)]
+        self.addrs = [f"{LOOPBACK}:{p}" for p in self.ports]
+        sg = SimpleNamespace(dtype="float32", log_level="warning", mem_fraction_static=None,
+                             context_length=max_model_len, max_running_requests=None, tp_size=1,
+                             extra_args=list(extra_args))
+        self.cmds = [vllm_command(str(model_path), LOOPBACK, p, sg, i, True, None, dict(os.environ))
+                     for i, p in enumerate(self.ports)]
+        self.procs: list[subprocess.Popen] = []
+        self.logs = [tempfile.NamedTemporaryFile("w+", suffix=f".vllm{i}.log", delete=False)
+                     for i in range(n)]
+
+    def start(self, timeout: float = 400.0) -> None:
+        for (cmd, env), log in zip(self.cmds, self.logs):
+            self.procs.append(subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                env={**os.environ, "OMP_NUM_THREADS": "1", **env}))
+        for i, (addr, proc) in enumerate(zip(self.addrs, self.procs)):
+            if not wait_http_ok(f"http://{addr}/health", timeout, alive=lambda p=proc: p.poll() is None):
+                raise RuntimeError(f"vLLM server {i} did not start in {timeout:.0f}s:\n"
+                                   f"{log_tail(self.logs[i].name, 40)}")
+
+    def kill(self, i: int) -> None:
+        kill_group(self.procs[i], grace=0.1)
+
+    def close(self) -> None:
+        for p in self.procs:
+            kill_group(p)
+        for f in self.logs:
+            f.close()

@@ -58,8 +58,9 @@ class WeightUpdateConfig(BaseConfig):
 
 class LauncherConfig(BaseConfig):
     n_servers: int = Field(1, ge=1, description="Inference servers to start.")
-    server_backend: Literal["embedded", "sglang"] = Field(
-        "embedded", description="embedded: servers/ on CPU or GPU; sglang: real SGLang."
+    server_backend: Literal["embedded", "sglang", "vllm"] = Field(
+        "embedded", description="embedded: servers/ on CPU or GPU; sglang: real SGLang; vllm: "
+        "real vLLM from .venv-vllm (make setup-vllm; weight updates from disk).",
     )
     trainer_nproc: int = Field(1, ge=1, description="Trainer processes (torchrun --nproc-per-node).")
     mode: Literal["local", "server_only", "trainer_only"] = Field(

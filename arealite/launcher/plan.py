@@ -15,12 +15,15 @@ from pathlib import Path
 
 from arealite.api.config import BaseExperimentConfig, GRPOConfig, LauncherConfig
 from arealite.api.config_loader import SECRET_FIELDS
+from arealite.launcher import vllm_server
 from arealite.utils import keys, network
 
 ADDRS_ENV = "AREAL_LLM_SERVER_ADDRS"
 SECRET_FLAGS = ("--api-key", "--admin-api-key")
-# launcher.server_backend -> the module run as `python -m MODULE` (same flags for both).
-SERVER_MODULES = {"embedded": "servers.launch_server", "sglang": "sglang.launch_server"}
+# launcher.server_backend -> the module run as `python -m MODULE` (same flags for the first
+# two; vLLM's command is launcher/vllm_server.py's, from its own virtualenv).
+SERVER_MODULES = {"embedded": "servers.launch_server", "sglang": "sglang.launch_server",
+                  "vllm": vllm_server.VLLM_MODULE}
 
 
 class LaunchError(ValueError):
@@ -142,6 +145,8 @@ def server_specs(
         raise LaunchError(f"sglang.tp_size={sg.tp_size} needs gpus_per_server >= {sg.tp_size}")
     module = SERVER_MODULES[lc.server_backend]
     host = lc.server_host
+    if lc.server_backend == "vllm":
+        return _vllm_specs(config, str(model_path), ports, environ)
     specs = []
     for i, port in enumerate(ports):
         cmd = [sys.executable, "-m", module, "--model-path", str(model_path),
@@ -172,11 +177,38 @@ def server_specs(
         if lc.server_backend == "embedded":  # the run's own folder: weight updates, checkpoints
             cmd += ["--weight-load-root", str(config.run_dir())]
         cmd += list(sg.extra_args)
-        env = {"OMP_NUM_THREADS": str(thread_counts(lc)[0]), "PYTHONUNBUFFERED": "1", **secrets}
-        if lc.gpus_per_server:
-            env["CUDA_VISIBLE_DEVICES"] = _device_ids(i * lc.gpus_per_server, lc.gpus_per_server,
-                                                      environ)
-        specs.append(ProcSpec(f"server{i}", cmd, env, addr=f"{advertised_host(host)}:{port}"))
+        specs.append(ProcSpec(f"server{i}", cmd, _server_env(lc, i, secrets, environ),
+                              addr=f"{advertised_host(host)}:{port}"))
+    return specs
+
+
+def _server_env(lc: LauncherConfig, i: int, secrets: dict[str, str],
+                environ: dict[str, str]) -> dict[str, str]:
+    env = {"OMP_NUM_THREADS": str(thread_counts(lc)[0]), "PYTHONUNBUFFERED": "1", **secrets}
+    if lc.gpus_per_server:
+        env["CUDA_VISIBLE_DEVICES"] = _device_ids(i * lc.gpus_per_server, lc.gpus_per_server,
+                                                  environ)
+    return env
+
+
+def _vllm_specs(config: GRPOConfig, model_path: str, ports: list[int],
+                environ: dict[str, str]) -> list[ProcSpec]:
+    """vLLM servers (``vllm_server.vllm_command``); a model vLLM cannot train with is a
+    ``LaunchError`` here rather than a failure at the first request or update."""
+    lc, sg = config.launcher, config.sglang
+    cpu = vllm_server.on_cpu(sg.device, lc.gpus_per_server, environ)
+    problems = vllm_server.model_problems(model_path, cpu)
+    if problems:
+        raise LaunchError("launcher.server_backend=vllm: " + "; ".join(problems))
+    secrets = run_keys(config, environ)
+    specs = []
+    for i, port in enumerate(ports):
+        seed = None if sg.random_seed is None else sg.random_seed + i
+        cmd, extra = vllm_server.vllm_command(model_path, lc.server_host, port, sg, seed, cpu,
+                                              secrets.get(keys.API_KEY_ENV), environ)
+        env = {**_server_env(lc, i, secrets, environ), **extra}
+        specs.append(ProcSpec(f"server{i}", cmd, env,
+                              addr=f"{advertised_host(lc.server_host)}:{port}"))
     return specs
 
 

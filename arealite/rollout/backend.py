@@ -5,6 +5,10 @@ encoded, and how an answer becomes a ``Segment``. ``RemoteSGLangEngine`` holds o
 ``sglang_protocol.SGLANG``) and never builds a body or reads an answer itself, so another
 backend (vLLM's native API, say) is one more module implementing these three members, never a
 copy of the client. Routing, retries, resumption after a pause and versions stay in the client.
+
+The same object names the backend's control calls (pause, resume, reload from disk, the
+version report), which ``WeightSync``, the health probe and the weight verifier make through it:
+``sglang_protocol.SGLANG`` (SGLang and our embedded servers) and ``vllm_protocol.VLLM``.
 """
 
 from __future__ import annotations
@@ -36,7 +40,25 @@ class GenerateProtocol(Protocol):
     (``staticmethod``): the client calls them on its per-request hot path, where a wrapper
     would cost a frame per call."""
 
+    name: str
     generate_path: str
+    version_info: str  # GET /<version_info> answers {"weight_version": ...}
+    continue_path: str  # POST after an update: resume generation
+    update_session_paths: tuple[str, str] | None  # begin/end of an update (404 tolerated)
+    required_endpoints: tuple[tuple[str, str], ...]  # (method, path) probed at start-up
+    supports_broadcast: bool  # SGLang's /init_weights_update_group protocol
+    weight_checksums: bool  # /weights_checker answers hashes comparable with the trainer's
+
+    def pause_call(self, mode: str) -> tuple[str, dict[str, Any] | None]:
+        """(path, JSON body or None) of the pause before an update (``pause_mode``)."""
+        ...
+
+    def disk_update_calls(
+        self, path: str, version: int, flush: bool, abort_all: bool = False
+    ) -> list[tuple[str, dict[str, Any]]]:
+        """The POSTs, in order, that load the HF folder ``path`` as ``version``; raises
+        ``ValueError`` when this backend cannot load that model in place."""
+        ...
 
     def encode_generate_body(
         self, input_ids: list[int], g: GenerationHyperparameters, max_new_tokens: int,

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import aiohttp
 
 from arealite.api.io_struct import WeightUpdateMeta
-from arealite.rollout.sglang_protocol import parse_version
+from arealite.rollout.backend import GenerateProtocol
+from arealite.rollout.sglang_protocol import SGLANG, parse_version
 from arealite.rollout.weight_sync import get_info
 from arealite.utils.http import call_json, describe_error, request_json
 
@@ -22,6 +24,7 @@ async def ready_for_readmission(
     timeout: float,
     update_timeout: float,
     admin_headers: dict[str, str] | None = None,
+    protocol: GenerateProtocol = SGLANG,
 ) -> bool:
     """True when ``addr`` answers ``/health`` and holds version ``current``.
 
@@ -34,7 +37,7 @@ async def ready_for_readmission(
         res = await request_json(session, "GET", f"http://{addr}/health", timeout=timeout)
         if res.status != 200:
             return False
-        info = await get_info(session, addr, "model_info", timeout)
+        info = await get_info(session, addr, protocol.version_info, timeout)
     except Exception:  # noqa: BLE001 - still down
         return False
     version = parse_version(info.get("weight_version"), 0)
@@ -47,11 +50,46 @@ async def ready_for_readmission(
         )
         return False
     try:
-        await call_json(session, "POST", f"http://{addr}/update_weights_from_disk", {
-            "model_path": last_disk.path, "weight_version": str(last_disk.version),
-        }, timeout=update_timeout, headers=admin_headers)
+        for path, body in protocol.disk_update_calls(str(last_disk.path), last_disk.version, True):
+            await call_json(session, "POST", f"http://{addr}{path}", body,
+                            timeout=update_timeout, headers=admin_headers)
     except Exception as e:  # noqa: BLE001
         logger.warning("re-syncing %s from %s failed: %s", addr, last_disk.path, describe_error(e))
         return False
     logger.info("server %s re-synced to version %d from %s", addr, current, last_disk.path)
     return True
+
+
+class BackendMismatch(RuntimeError):
+    """A server lacks an endpoint its backend's protocol needs (another version or setup)."""
+
+
+async def check_endpoints(
+    session: aiohttp.ClientSession, addrs: list[str], protocol: GenerateProtocol,
+    timeout: float, admin_headers: dict[str, str] | None = None,
+) -> None:
+    """At start-up: every endpoint ``protocol.required_endpoints`` names answers on every
+    server (a 404 or 405 means another server version, or one started without the flags the
+    backend needs), so a mismatch is one clear error, not a failure at the first update."""
+    bad = []
+    for addr in addrs:
+        for method, path in protocol.required_endpoints:
+            body = {} if method == "POST" else None
+            try:
+                res = await request_json(session, method, f"http://{addr}{path}", body,
+                                         timeout=min(timeout, 30.0), headers=admin_headers)
+            except Exception as e:  # noqa: BLE001 - reported with the others
+                bad.append(f"{addr}{path}: {describe_error(e)}")
+                continue
+            if res.status in (404, 405):
+                bad.append(f"{addr}: {method} {path} -> HTTP {res.status}")
+    if bad:
+        version = ""
+        with contextlib.suppress(Exception):
+            res = await request_json(session, "GET", f"http://{addrs[0]}/version", timeout=5.0)
+            version = f" (the server says {res.body})" if res.status == 200 else ""
+        raise BackendMismatch(
+            f"servers do not speak the {protocol.name} protocol arealite needs{version}: "
+            + "; ".join(bad) + (". vLLM: use vllm 0.32 (make setup-vllm), started with "
+                                "VLLM_SERVER_DEV_MODE=1 and --enable-scale-out (the launcher "
+                                "does both)" if protocol.name == "vllm" else ""))

@@ -58,7 +58,7 @@ from arealite.api.trajectory import TensorDict
 from arealite.api.workflow_api import RolloutWorkflow
 from arealite.rollout.backend import GenerateProtocol, ProtocolError
 from arealite.rollout.executor import WorkflowExecutor
-from arealite.rollout.health import ready_for_readmission
+from arealite.rollout.health import check_endpoints, ready_for_readmission
 from arealite.rollout.loop_thread import LoopThread
 from arealite.rollout.router import NoHealthyServer, ServerRouter
 from arealite.rollout.sglang_protocol import SGLANG
@@ -119,7 +119,7 @@ class RemoteSGLangEngine(InferenceEngine):
         self.keys = ClientKeys.from_config(config.api_key, config.admin_api_key)
         self._admin_headers = self.keys.admin_headers
         self.weight_sync = WeightSync(config.pause_mode, config.weight_update_timeout,
-                                      admin_headers=self._admin_headers)
+                                      admin_headers=self._admin_headers, protocol=protocol)
         self.last_weight_update = None  # WeightUpdateReport of the last successful update
         self._sessions = SessionCache(self.keys.api_headers)
         self._updating = False  # between pause_generation and continue_generation
@@ -197,6 +197,7 @@ class RemoteSGLangEngine(InferenceEngine):
                 + "; ".join(f"{a} ({r})" for a, r in reasons.items())
             )
         await check_api_key(session, addrs, timeout, self.keys)
+        await check_endpoints(session, addrs, self.protocol, timeout, self._admin_headers)
 
     # ------------------------------------------------------------------ generation
 
@@ -356,7 +357,7 @@ class RemoteSGLangEngine(InferenceEngine):
         ok = await ready_for_readmission(
             self._sessions.get(), addr, current, self._last_disk,
             max(5.0, self.config.health_check_interval), self.config.weight_update_timeout,
-            self._admin_headers,
+            self._admin_headers, self.protocol,
         )
         if ok and not self._updating and self.clock.value == current:
             self.pool.mark_healthy(addr)

@@ -250,11 +250,30 @@ def parse_generate_response(body: Any, fallback_version: int) -> Segment:
 
 
 class SGLangProtocol:
-    """SGLang's ``/generate`` (a ``GenerateProtocol``); the functions above, unwrapped."""
+    """SGLang's ``/generate`` (a ``GenerateProtocol``); the functions above, unwrapped, and
+    SGLang's control calls (protocol sections 4-6)."""
 
+    name = "sglang"
     generate_path = "/generate"
     encode_generate_body = staticmethod(encode_generate_body)
     parse_generate_response = staticmethod(parse_generate_response)
+    version_info = "model_info"  # GET /model_info -> {"weight_version": "3", ...}
+    continue_path = "/continue_generation"
+    update_session_paths = ("/begin_weight_update", "/end_weight_update")  # 404 tolerated
+    required_endpoints: tuple[tuple[str, str], ...] = ()
+    weight_checksums = True  # /weights_checker hashes comparable with the trainer's
+    supports_broadcast = True
+
+    @staticmethod
+    def pause_call(mode: str) -> tuple[str, dict[str, Any] | None]:
+        return "/pause_generation", {"mode": mode}
+
+    @staticmethod
+    def disk_update_calls(path: str, version: int, flush: bool,
+                          abort_all: bool = False) -> list[tuple[str, dict[str, Any]]]:
+        return [("/update_weights_from_disk", {
+            "model_path": path, "weight_version": str(version), "flush_cache": flush,
+            "abort_all_requests": abort_all})]
 
 
 SGLANG = SGLangProtocol()

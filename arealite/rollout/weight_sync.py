@@ -6,7 +6,9 @@ server without sessions, tolerated) -> disk (``/update_weights_from_disk``) or d
 all servers at once while the trainer broadcasts as rank 0) -> ``/end_weight_update`` (404
 tolerated) -> ``/continue_generation``. Every call is time-boxed. A server that fails a step is
 dropped from the rest of the sequence and reported; ``continue_generation`` is sent to every
-server that was paused, whatever happened, so no server is left paused.
+server that was paused, whatever happened, so no server is left paused. The paths and bodies
+of pause, resume and the disk reload are the backend's (``GenerateProtocol``: SGLang's above,
+vLLM's ``/pause``, ``/collective_rpc`` reload and ``/resume``).
 
 Distributed layout: the trainer is rank 0; server k joins at
 ``rank_offset = 1 + Σ_{j<k} tp_size_j`` and ``world_size = 1 + Σ tp_size`` (tp sizes from
@@ -27,6 +29,8 @@ from typing import Any
 import aiohttp
 
 from arealite.api.io_struct import WeightUpdateMeta, WeightUpdateType
+from arealite.rollout.backend import GenerateProtocol
+from arealite.rollout.sglang_protocol import SGLANG
 from arealite.utils.http import HTTPStatusError, call_json, describe_error
 from arealite.utils.keys import HINT
 
@@ -102,8 +106,10 @@ class WeightSync:
     """Runs one weight update at a time over a given list of servers."""
 
     def __init__(self, pause_mode: str, step_timeout: float, poll_interval: float = 0.1,
-                 admin_headers: dict[str, str] | None = None):
+                 admin_headers: dict[str, str] | None = None,
+                 protocol: GenerateProtocol = SGLANG):
         self.pause_mode = pause_mode
+        self.protocol = protocol
         # every call here is an admin call (pause, weights, groups): the admin key's header
         self.admin_headers = admin_headers or {}
         self.step_timeout = step_timeout
@@ -190,26 +196,33 @@ class WeightSync:
         t0 = time.monotonic()
         report = WeightUpdateReport(version=meta.version)
         failed = report.failed
+        proto = self.protocol
         try:
             if meta.type == WeightUpdateType.DISK:
                 await self.wait_disk_ready(meta, timeout)
+                calls = self.disk_calls(meta)  # before pausing: a model it cannot load raises
             else:
+                if not proto.supports_broadcast:
+                    raise WeightUpdateError(
+                        f"{proto.name} servers do not take SGLang's broadcast updates: set "
+                        "weight_update.type=disk (see docs/servers.md)")
                 addrs = await self.prepare_group(session, addrs, meta, timeout, failed)
+                calls = []
             if on_pause is not None:
                 on_pause(True)
             paused: list[str] = []
             begun: list[str] = []
             try:
-                paused = await self.fan_out(
-                    session, addrs, "/pause_generation", {"mode": self.pause_mode}, failed, timeout
-                )
-                alive = await self._transfer(session, paused, meta, failed, timeout, begun)
+                path, body = proto.pause_call(self.pause_mode)
+                paused = await self.fan_out(session, addrs, path, body, failed, timeout)
+                alive = await self._transfer(session, paused, meta, failed, timeout, begun, calls)
             finally:
-                ended = await self.fan_out(
-                    session, begun, "/end_weight_update", {}, failed, timeout, tolerate_404=True
-                )
+                ended = begun
+                if proto.update_session_paths:
+                    ended = await self.fan_out(session, begun, proto.update_session_paths[1], {},
+                                               failed, timeout, tolerate_404=True)
                 # every paused server resumes, failed ones too: nothing may stay paused
-                await self.fan_out(session, paused, "/continue_generation", {}, {}, timeout)
+                await self.fan_out(session, paused, proto.continue_path, {}, {}, timeout)
                 if on_pause is not None:
                     on_pause(False)
             report.updated = [a for a in alive if a in ended and a not in failed]
@@ -230,24 +243,27 @@ class WeightSync:
             report.seconds = time.monotonic() - t0
         return report
 
-    async def _transfer(self, session, paused, meta, failed, timeout, begun) -> list[str]:
-        alive = await self.fan_out(
-            session, paused, "/begin_weight_update", {}, failed, timeout, tolerate_404=True
-        )
+    async def _transfer(self, session, paused, meta, failed, timeout, begun, calls) -> list[str]:
+        alive = paused
+        if self.protocol.update_session_paths:
+            alive = await self.fan_out(session, paused, self.protocol.update_session_paths[0], {},
+                                       failed, timeout, tolerate_404=True)
         begun.extend(alive)
         if meta.type == WeightUpdateType.DISK:
-            return await self._disk(session, alive, meta, failed, timeout)
+            for path, payload in calls:  # in order, each on every server still alive
+                alive = await self.fan_out(session, alive, path, payload, failed, timeout)
+            return alive
         return await self._distributed(session, alive, meta, failed, timeout)
 
-    async def _disk(self, session, alive, meta, failed, timeout) -> list[str]:
-        payload = {
-            "model_path": meta.path,
-            "weight_version": str(meta.version),
+    def disk_calls(self, meta: WeightUpdateMeta, abort_all: bool = False) -> list:
+        """The backend's reload of ``meta.path``; a model it cannot reload in place raises
+        ``WeightUpdateError`` with the backend's reason."""
+        try:
             # SGLang cannot flush while requests sit in the batch (in_place pause)
-            "flush_cache": self.pause_mode != "in_place",
-            "abort_all_requests": False,
-        }
-        return await self.fan_out(session, alive, "/update_weights_from_disk", payload, failed, timeout)
+            return self.protocol.disk_update_calls(
+                str(meta.path), meta.version, self.pause_mode != "in_place", abort_all)
+        except ValueError as e:
+            raise WeightUpdateError(str(e)) from None
 
     async def prepare_group(
         self, session: aiohttp.ClientSession, addrs: list[str], meta: WeightUpdateMeta,

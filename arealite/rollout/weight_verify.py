@@ -121,12 +121,11 @@ class WeightVerifier:
     async def _resync_from_disk(self, session: aiohttp.ClientSession, addrs: list[str],
                                 meta: WeightUpdateMeta) -> None:
         # a second update to just these servers (out of the pool, so nothing is generating)
-        payload = {"model_path": meta.path, "weight_version": str(meta.version),
-                   "flush_cache": True, "abort_all_requests": True}
         failed: dict[str, str] = {}
-        await self.weight_sync.fan_out(session, addrs, "/update_weights_from_disk", payload,
-                                       failed, min(self.timeout, meta.timeout))
-        ok = [a for a in addrs if a not in failed]
+        ok = list(addrs)
+        for path, payload in self.weight_sync.disk_calls(meta, abort_all=True):
+            ok = await self.weight_sync.fan_out(session, ok, path, payload, failed,
+                                                min(self.timeout, meta.timeout))
         self.admit(addrs, meta, {**failed, **await self.check(session, ok, meta)})
 
     def admit(self, addrs: list[str], meta: WeightUpdateMeta, bad: dict[str, str]) -> None:

@@ -25,6 +25,7 @@ from arealite.dataset.loader import create_dataloader, load_rows
 from arealite.engine.ppo.actor import FSDPPPOActor
 from arealite.rollout.data_cycle import DataCycle
 from arealite.rollout.dynamic_sampling import GroupRewardFilter, rollout_full_batch
+from arealite.rollout.protocols import protocol_for, weight_update_for
 from arealite.rollout.remote_engine import RemoteSGLangEngine
 from arealite.trainer.common import (
     config_from_argv,
@@ -63,9 +64,12 @@ def main(argv: list[str] | None = None) -> int:
 
     # Engines: the rollout client (staleness-gated), an evaluation client (no gate), the actor.
     # One version clock per rank: the rollout client's, shared by the other two.
-    rollout = RemoteSGLangEngine(config.rollout)
+    # The client speaks the servers' protocol (launcher.server_backend: SGLang's or vLLM's).
+    protocol = protocol_for(config.launcher.server_backend)
+    rollout = RemoteSGLangEngine(config.rollout, protocol=protocol)
     eval_rollout = RemoteSGLangEngine(config.rollout.model_copy(
-        update={"max_head_offpolicyness": 1 << 20, "max_concurrent_rollouts": None}), rollout.clock)
+        update={"max_head_offpolicyness": 1 << 20, "max_concurrent_rollouts": None}),
+        rollout.clock, protocol)
     actor = FSDPPPOActor(config.actor, config.device, config.dist_backend, config.seed, rollout.clock)
     actor.initialize(None, ft)
     ref = None
@@ -82,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
                               eval_fn, {"tokenizer": tokenizer, "version": version, "config": config}, rank == 0)
 
     # Weight updates: a disk folder per version, or one broadcast group for the whole run.
-    wu, weights_dir = config.weight_update, config.run_dir("weights")
+    wu, weights_dir = weight_update_for(config.weight_update, protocol), config.run_dir("weights")
     port = [wu.master_port or (find_free_port() if rank == 0 else 0)]
     if dist.is_initialized() and wu.type == "distributed":
         dist.broadcast_object_list(port, src=0)

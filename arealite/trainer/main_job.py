@@ -43,6 +43,25 @@ def asset_overrides(assets: Path, model: str) -> list[str]:
             f"valid_dataset.path={assets / 'toy_math' / 'valid.jsonl'}"]
 
 
+def ensure_sft(sft_model: Path, sft_cmd: list[str], label: str = "SFT warm start") -> int:
+    """The SFT warm start at ``sft_model``, trained through the launcher (``sft_cmd``: config
+    and overrides) when missing; the launcher's exit status."""
+    from arealite.launcher.local import main as launch
+
+    if (sft_model / "config.json").is_file():
+        print(f"== 2/3 {label}: reusing {sft_model}", flush=True)
+        return 0
+    print(f"== 2/3 {label} -> {sft_model}", flush=True)
+    return launch([*sft_cmd, f"output_dir={sft_model}"])
+
+
+def ensure_sft_model(assets: Path, fileroot: str | Path, sft_model: Path | None = None) -> int:
+    """The main job's SFT warm start (default ``assets/sft_model``), built when missing."""
+    return ensure_sft(sft_model or assets / "sft_model",
+                      [SFT_CONFIG, *asset_overrides(assets, "model.path"),
+                       f"cluster.fileroot={fileroot}", f"stop_at_valid_accuracy={SFT_STOP_ACCURACY}"])
+
+
 def run_job(overrides: list[str] | None, *, grpo_config: str, sft_config: str, assets_dir: str,
             build: Callable[[Path], None], asset_args: Callable[[Path, str], list[str]],
             sft_args: list[str], steps: tuple[str, str, str]) -> int:
@@ -62,17 +81,12 @@ def run_job(overrides: list[str] | None, *, grpo_config: str, sft_config: str, a
     t0 = time.monotonic()
     print(f"== 1/3 {steps[0]}", flush=True)
     build(assets)
-    sft_model = Path(grpo.actor.path)
-    if not (sft_model / "config.json").is_file():
-        print(f"== 2/3 {steps[1]} -> {sft_model}", flush=True)
-        code = launch([sft_config, *asset_args(assets, "model.path"),
-                       f"cluster.fileroot={fileroot}", f"output_dir={sft_model}", *sft_args])
-        if code != 0:
-            print(f"arealite: SFT warm start failed (exit {code})", file=sys.stderr)
-            return code
-    else:
-        print(f"== 2/3 SFT warm start: reusing {sft_model}", flush=True)
-    print(f"== 3/3 {steps[2]}", flush=True)
+    code = ensure_sft(Path(grpo.actor.path), [sft_config, *asset_args(assets, "model.path"),
+                                              f"cluster.fileroot={fileroot}", *sft_args], steps[1])
+    if code != 0:
+        print(f"arealite: SFT warm start failed (exit {code})", file=sys.stderr)
+        return code
+    print(f"== 3/3 {steps[2].format(backend=grpo.launcher.server_backend)}", flush=True)
     code = launch([grpo_config, *overrides])
     out = grpo.run_dir()
     metrics = out / "logs" / "metrics.jsonl"
@@ -94,7 +108,7 @@ def main(overrides: list[str] | None = None) -> int:
                    build=build_assets, asset_args=asset_overrides,
                    sft_args=[f"stop_at_valid_accuracy={SFT_STOP_ACCURACY}"],
                    steps=("building the tiny model and the toy task", "SFT warm start",
-                          "async GRPO on embedded CPU servers"))
+                          "async GRPO on {backend} servers"))
 
 
 if __name__ == "__main__":

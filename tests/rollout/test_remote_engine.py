@@ -99,12 +99,11 @@ def test_generate_body_and_response(servers, engines):
 
 def test_bodies_and_answers_go_through_the_backend_protocol(servers):
     """The backend seam: a protocol object of another shape is all the client needs."""
-    from arealite.rollout.sglang_protocol import SGLANG
+    from arealite.rollout.sglang_protocol import SGLANG, SGLangProtocol
 
     calls = []
 
-    class Recording:  # SGLang's wire format, counted
-        generate_path = SGLANG.generate_path
+    class Recording(SGLangProtocol):  # SGLang's wire format and control calls, counted
 
         @staticmethod
         def encode_generate_body(*a, **k):

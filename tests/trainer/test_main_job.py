@@ -22,7 +22,8 @@ def _metrics(path: Path) -> list[dict]:
 
 
 @pytest.mark.integration
-def test_short_main_job(tmp_path):
+def test_short_main_job(tmp_path, toy_assets):
+    (tmp_path / "assets").symlink_to(toy_assets)  # the session's SFT warm start, built once
     cmd = [
         sys.executable, "-m", "arealite.cli.main", "main-job", f"cluster.fileroot={tmp_path}",
         f"total_train_steps={STEPS}", "evaluator.freq_steps=45", "trial_name=e2e",

@@ -1,0 +1,40 @@
+"""The client protocol of each ``launcher.server_backend``, and what that backend implies for
+weight updates (the one place that maps a backend name to behaviour)."""
+
+from __future__ import annotations
+
+import logging
+
+from arealite.api.config import WeightUpdateConfig
+from arealite.rollout.backend import GenerateProtocol
+from arealite.rollout.sglang_protocol import SGLANG
+from arealite.rollout.vllm_protocol import VLLM
+
+logger = logging.getLogger("arealite.rollout.protocols")
+
+PROTOCOLS: dict[str, GenerateProtocol] = {"embedded": SGLANG, "sglang": SGLANG, "vllm": VLLM}
+
+
+def protocol_for(server_backend: str) -> GenerateProtocol:
+    try:
+        return PROTOCOLS[server_backend]
+    except KeyError:
+        raise ValueError(f"unknown server backend {server_backend!r}: one of "
+                         f"{sorted(PROTOCOLS)}") from None
+
+
+def weight_update_for(wu: WeightUpdateConfig, protocol: GenerateProtocol) -> WeightUpdateConfig:
+    """``wu``, with broadcast replaced by disk updates for a backend that cannot take SGLang's
+    broadcast (vLLM: its own transfer engine is a different protocol), and verification off
+    where the servers' checksums cannot be compared; each logged, since the config asked
+    otherwise."""
+    if wu.type == "distributed" and not protocol.supports_broadcast:
+        logger.warning("weight_update.type=distributed: %s servers do not speak SGLang's "
+                       "broadcast protocol; updating from disk instead", protocol.name)
+        wu = wu.model_copy(update={"type": "disk"})
+    if wu.verify and not protocol.weight_checksums:
+        logger.warning("weight_update.verify: %s servers hash weights their own way (not "
+                       "comparable with the trainer's checksums); updates are not verified",
+                       protocol.name)
+        wu = wu.model_copy(update={"verify": False})
+    return wu

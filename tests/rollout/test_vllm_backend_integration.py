@@ -1,0 +1,163 @@
+"""RemoteSGLangEngine with the vLLM protocol against two real vLLM servers on CPU (the
+``make setup-vllm`` virtualenv; no mock of vLLM): logprobs against the trainer's recompute, a
+generation cut by a disk update and resumed with per-token versions, a server killed
+mid-run.
+
+The tests share one pair of servers (a cold start costs 30-60 s each; they stop with the module)
+and run in file order: the update test moves the weights, the failover test kills one last.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from arealite.api.config import InferenceEngineConfig
+from arealite.api.io_struct import WeightUpdateMeta
+from arealite.rollout.remote_engine import RemoteSGLangEngine
+from arealite.rollout.vllm_protocol import VLLM
+from arealite.rollout.weight_sync import WeightUpdateError
+from tests.procs import VLLMServers, vllm_available
+from tests.rollout.test_remote_engine_integration import (
+    check_versions_match_weights,
+    perturbed_state,
+    request,
+    run_all,
+    save_model,
+    start_all,
+)
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(not vllm_available(), reason="no .venv-vllm: run make setup-vllm"),
+]
+
+
+@pytest.fixture(scope="module")
+def vllm_pool(tiny_model_dir):
+    # --enforce-eager: no torch.compile warm-up (about 20 s of each start on 2 cores); these
+    # tests are about the protocol, tests/trainer/test_vllm_grpo.py runs the launcher's flags
+    servers = VLLMServers(tiny_model_dir, 2, extra_args=("--enforce-eager",))
+    try:
+        servers.start()
+        yield servers
+    finally:
+        servers.close()
+
+
+def make_engine(addrs, **kw) -> RemoteSGLangEngine:
+    cfg = InferenceEngineConfig(setup_timeout=60, request_timeout=120, weight_update_timeout=60,
+                                **kw)
+    eng = RemoteSGLangEngine(cfg, protocol=VLLM)
+    eng.initialize(addrs)
+    return eng
+
+
+def test_logprobs_match_the_trainers_recompute(vllm_pool, tiny_model_dir):
+    """Invariant 4 on vLLM: fp32 server logprobs of sampled tokens (temperature 1 and 0.7)
+    equal the trainer's teacher-forced recompute; tokens carry the launch version (0)."""
+    from transformers import AutoModelForCausalLM
+
+    from arealite.utils.functional import gather_logprobs
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    eng = make_engine(vllm_pool.addrs)
+    try:
+        reqs = [request(f"lp{i}", 48, prompt=[5, 6, 7 + i], temperature=t)
+                for i, t in enumerate([1.0, 1.0, 0.7, 0.7])]
+        out = run_all(eng, reqs)
+        worst = 0.0
+        for q, r in zip(reqs, out):
+            assert r.output_len == 48 and r.output_versions == [0] * 48
+            ids = torch.tensor([q.input_ids + r.output_tokens])
+            with torch.no_grad():
+                logits = model(ids).logits[0, len(q.input_ids) - 1:-1]
+            ref = gather_logprobs(logits, torch.tensor(r.output_tokens),
+                                  temperature=q.gconfig.temperature)
+            worst = max(worst, (torch.tensor(r.output_logprobs) - ref).abs().max().item())
+        assert worst <= 1e-4, worst
+        assert {r.server for r in out} == set(vllm_pool.addrs)  # both servers served
+    finally:
+        eng.destroy()
+
+
+def test_pause_disk_update_resume_keeps_per_token_versions(vllm_pool, tiny_model_dir, tmp_path):
+    """Invariant 3 on vLLM: a disk update lands mid-generation (``/pause?mode=abort``, in-place
+    ``reload_weights``, ``/resume``); the cut requests resume with their partial tokens, every
+    token keeps the version vLLM reports for it, and its logprob is that version's."""
+    new = perturbed_state(tiny_model_dir, seed=11)
+    eng = make_engine(vllm_pool.addrs, sticky_rids=True, pause_mode="abort")
+    try:
+        meta = WeightUpdateMeta(type="disk", version=1, path=str(tmp_path / "v1"))
+        save_model(tiny_model_dir, new, tmp_path / "v1")
+        meta.write_disk_marker()
+        n = 400  # prompt + n < --max-model-len 512
+        reqs = [request(f"cut{i}", n, prompt=[5, 6, 7 + i]) for i in range(4)]
+        fut = start_all(eng, reqs)
+        time.sleep(1.0)
+        t0 = time.monotonic()
+        eng.update_weights(meta).result(60)
+        update_s = time.monotonic() - t0
+        out = fut.result(120)
+        assert eng.get_version() == 1
+        cut = 0
+        for q, r in zip(reqs, out):
+            assert r.output_len == n and len(r.output_logprobs) == n
+            v = r.output_versions
+            k = v.index(1) if 1 in v else n
+            assert v == [0] * k + [1] * (n - k)  # one switch, nothing lost or doubled
+            if 0 < k < n:
+                cut += 1
+                assert check_versions_match_weights(
+                    tiny_model_dir, {0: None, 1: new}, q.input_ids, r) == k
+        assert cut >= 1, [r.output_versions.count(1) for r in out]
+        assert update_s < 30, update_s
+        after = run_all(eng, [request("after", 5)])[0]
+        assert after.output_versions == [1] * 5
+    finally:
+        eng.destroy()
+
+
+def test_tied_embeddings_update_is_refused_before_pausing(vllm_pool, tmp_path):
+    import json
+
+    tied = tmp_path / "tied"
+    tied.mkdir()
+    (tied / "config.json").write_text(json.dumps({"tie_word_embeddings": True}))
+    meta = WeightUpdateMeta(type="disk", version=2, path=str(tied))
+    meta.write_disk_marker()
+    eng = make_engine(vllm_pool.addrs)
+    try:
+        eng.set_version(1)
+        with pytest.raises(WeightUpdateError, match="tie_word_embeddings"):
+            eng.update_weights(meta).result(30)
+        assert eng.get_version() == 1 and eng.pool.healthy_addrs() == vllm_pool.addrs
+    finally:
+        eng.destroy()
+
+
+def test_killed_vllm_server_loses_no_request(vllm_pool, caplog):
+    eng = make_engine(vllm_pool.addrs, sticky_rids=False, unhealthy_after_failures=1,
+                      health_check_interval=0.5, request_retries=3)
+    eng.set_version(1)
+    dead = vllm_pool.addrs[1]
+    try:
+        n = 300
+        reqs = [request(f"kill{i}", n) for i in range(8)]
+        with caplog.at_level("WARNING", logger="arealite.rollout.remote_engine"):
+            fut = start_all(eng, reqs)
+            deadline = time.monotonic() + 10
+            while eng.pool.servers[dead].inflight < 4 and time.monotonic() < deadline:
+                time.sleep(0.005)
+            time.sleep(0.3)
+            vllm_pool.kill(1)  # SIGKILL mid-generation
+            out = fut.result(120)
+        retried = [m for m in caplog.messages if f"failed on {dead}" in m]
+        assert retried, "no request was in flight on the killed server"
+        assert all(r.output_len == n and r.output_versions == [1] * n for r in out)
+        assert all(r.server == vllm_pool.addrs[0] for r in out)
+        assert dead in eng.pool.unhealthy_addrs()
+    finally:
+        eng.destroy()
