@@ -65,7 +65,8 @@ def tool_server(tool_model_dir):
     from tests.procs import embedded_server
 
     with embedded_server(str(tool_model_dir), ["--random-seed", "0", "--tool-call-parser",
-                                               "qwen25", "--weight-version", "0"]) as addr:
+                                               "qwen25", "--weight-version", "0",
+                                               "--enable-metrics"]) as addr:
         yield addr
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 
 import pytest
@@ -124,7 +125,16 @@ def test_template_that_drops_reasoning_starts_a_new_segment(engine, tokenizer):
     assert [r["rewards"] for r in rows] == [1.0, 1.0]  # one session, one reward
 
 
-def test_concurrent_sessions_across_a_weight_update(engine, tokenizer, tool_model_dir, tmp_path):
+def generated_tokens(addr: str) -> float:
+    """The server's ``sglang:generation_tokens_total`` (its /metrics)."""
+    text = requests.get(f"http://{addr}/metrics", timeout=10).text
+    m = re.search(r"^sglang:generation_tokens_total(?:\{[^}]*\})? (\S+)$", text, re.M)
+    assert m, text[:2000]
+    return float(m.group(1))
+
+
+def test_concurrent_sessions_across_a_weight_update(engine, tokenizer, tool_model_dir, tool_server,
+                                                    tmp_path):
     """Four sessions: one turn each at version 0, then a weight update, then the rest at
     version 1; a fifth, long turn is cut by the update and keeps per-token versions."""
     from arealite.agent.proxy import AgentProxy
@@ -158,15 +168,21 @@ def test_concurrent_sessions_across_a_weight_update(engine, tokenizer, tool_mode
         await asyncio.wait_for(first.wait(), 120)
         while not all(s.turns for s in sessions):
             await asyncio.sleep(0.05)
+        base = await asyncio.to_thread(generated_tokens, tool_server)
         long_task = asyncio.create_task(long_agent())
-        await asyncio.sleep(0.5)  # the long turn is generating when the update comes
+        # the update comes once the long turn has generated a few of its 400 tokens (polled,
+        # not slept: on a quiet machine the whole turn can take less than half a second)
+        for _ in range(1200):
+            if await asyncio.to_thread(generated_tokens, tool_server) >= base + 4:
+                break
+            await asyncio.sleep(0.005)
         return tasks, long_task
 
-    tasks, long_task = run(engine, main())
     new = tmp_path / "v1"
     shutil.copytree(tool_model_dir, new)
     meta = WeightUpdateMeta(type="disk", version=1, path=str(new))
     meta.write_disk_marker()
+    tasks, long_task = run(engine, main())
     engine.update_weights(meta).result(120)  # pause -> load -> continue
     engine.set_version(1)
 

@@ -49,16 +49,18 @@ def cluster():
 
     mp = pytest.MonkeyPatch()
     mp.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    # children from before the cluster (other tests' session-scoped servers) are not Ray's
+    before = set(_ray_procs())
     c = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 1, "resources": {"trainer_node": 1}, "node_ip_address": "127.0.0.1",
         "include_dashboard": False})
     worker = c.add_node(num_cpus=2, resources={"server_node": 2}, node_ip_address="127.0.0.1")
     c.wait_for_nodes()
-    seen = _ray_procs()
+    seen = {pid: p for pid, p in _ray_procs().items() if pid not in before}
     try:
         yield c, c.head_node.node_id, worker.node_id, seen
     finally:
-        seen.update(_ray_procs())
+        seen.update({pid: p for pid, p in _ray_procs().items() if pid not in before})
         c.shutdown()
         left = [p for p in seen.values() if _running(p)]
         deadline = time.monotonic() + 15

@@ -49,7 +49,8 @@ def test_short_main_job(tmp_path, toy_assets):
     # behaviour logprobs equal the recomputed ones and the policy ratio is exactly 1.
     first = steps[0]
     assert first["logprob_agreement/n_tokens"] > 100
-    assert first["logprob_agreement/max_abs_diff"] < 1e-5
+    # fp32, two attention kernels (the server's and the trainer's per-sequence one): ~1e-5
+    assert first["logprob_agreement/max_abs_diff"] < 5e-5
     assert abs(first["approx_kl/avg"]) < 1e-6
 
     # Learning: greedy held-out accuracy rises (0.38 after SFT; 0.5-0.7 here during development)
