@@ -7,11 +7,13 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.arealite-installed
 AREAL_VENV ?= .venv-areal
 AREAL_STAMP := $(AREAL_VENV)/.areal-installed
+TRL_VENV ?= .venv-trl
+TRL_STAMP := $(TRL_VENV)/.trl-installed
 # torch threads per process: several processes share 2 cores.
 export OMP_NUM_THREADS ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup setup-areal run test test-unit lint docs bench clean
+.PHONY: setup setup-areal setup-trl run test test-unit lint docs bench clean
 
 setup: $(STAMP)
 
@@ -38,6 +40,18 @@ $(AREAL_STAMP): tests/servers/areal_requirements.txt Makefile
 	$(AREAL_VENV)/bin/python -m pip install -q -r tests/servers/areal_requirements.txt
 	touch $(AREAL_STAMP)
 
+# TRL's GRPOTrainer for benchmarks/vs_trl.py: its own virtualenv (TRL pins its own transformers
+# range and datasets); torch first, so the pinned list cannot pull another torch. Not part of
+# `make test`.
+setup-trl: $(TRL_STAMP)
+
+$(TRL_STAMP): benchmarks/trl_requirements.txt Makefile
+	test -x $(TRL_VENV)/bin/python || $(PYTHON) -m venv $(TRL_VENV)
+	$(TRL_VENV)/bin/python -m pip install -q --upgrade pip
+	$(TRL_VENV)/bin/python -m pip install -q $(TORCH_SPEC)
+	$(TRL_VENV)/bin/python -m pip install -q -r benchmarks/trl_requirements.txt
+	touch $(TRL_STAMP)
+
 run: $(STAMP)
 	$(VENV)/bin/arealite main-job
 
@@ -53,8 +67,8 @@ lint: $(STAMP)
 docs: $(STAMP)
 	$(PY) -m arealite.cli.gen_config_docs > docs/config.md
 
-bench: $(STAMP)
+bench: $(STAMP) $(TRL_STAMP)
 	$(PY) -m benchmarks.run_all --quick
 
 clean:
-	rm -rf $(VENV) $(AREAL_VENV) outputs .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(AREAL_VENV) $(TRL_VENV) outputs .pytest_cache .ruff_cache
