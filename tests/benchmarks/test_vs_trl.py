@@ -12,7 +12,7 @@ from benchmarks.report import parse_figures
 
 def test_args_quick_defaults_and_errors():
     a = vs_trl.parse_args(["--quick"])
-    assert (a.seconds, a.target, a.systems) == (60.0, 0.7, ["trl", "async", "sync"])
+    assert (a.seconds, a.target, a.systems) == (60.0, 0.5, ["trl", "async", "sync"])
     a = vs_trl.parse_args(["--seconds", "120", "--target", "0.85", "--systems", "trl,async"])
     assert (a.seconds, a.target, a.systems) == (120.0, 0.85, ["trl", "async"])
     for bad in (["--systems", "trl,vllm"], ["--target", "1.5"], ["--seconds", "0"], ["--systems", ","]):
