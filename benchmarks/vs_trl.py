@@ -49,6 +49,14 @@ RESULTS = ROOT / "benchmarks" / "results"
 CONFIGS = {"async": ROOT / "configs" / "toy_grpo.yaml", "sync": ROOT / "configs" / "toy_grpo_sync.yaml"}
 SYSTEMS = ("trl", "async", "sync")
 LABELS = {"trl": "TRL GRPOTrainer", "async": "arealite async (eta=2)", "sync": "arealite sync"}
+
+
+def label(name: str) -> str:
+    """``trl-2t`` -> ``TRL GRPOTrainer, 2 threads``; arealite's names from LABELS."""
+    if name.startswith("trl-") and name.endswith("t"):
+        n = name[4:-1]
+        return f"{LABELS['trl']}, {n} thread{'' if n == '1' else 's'}"
+    return LABELS.get(name, name)
 TARGET_STEP_RATIO, TARGET_TTA_RATIO = 0.7, 0.5
 Curve = list[tuple[float, float]]  # (training seconds, held-out accuracy)
 
@@ -66,13 +74,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-every", type=int, default=10, help="optimizer steps between evaluations")
     p.add_argument("--eval-prompts", type=int, default=0, help="0: the whole held-out set")
     p.add_argument("--trl-python", default=str(ROOT / ".venv-trl" / "bin" / "python"))
-    p.add_argument("--trl-threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--trl-threads", default=",".join(sorted({"1", str(os.cpu_count() or 1)})),
+                   help="torch threads of TRL's process; a comma list runs TRL once per count and "
+                        "compares arealite with the best (on a loaded machine one thread can win)")
     p.add_argument("--fileroot", default=str(ROOT / "outputs"))
     p.add_argument("--tag", default=None, help="results file suffix (default: quick or none)")
     a = p.parse_args(argv)
     a.seconds = a.seconds if a.seconds is not None else (60.0 if a.quick else 300.0)
     a.target = a.target if a.target is not None else (0.5 if a.quick else 0.7)
     a.systems = [s.strip() for s in a.systems.split(",") if s.strip()]
+    try:
+        a.trl_threads = sorted({int(t) for t in str(a.trl_threads).split(",") if t.strip()})
+    except ValueError:
+        p.error(f"--trl-threads: comma-separated integers, not {a.trl_threads!r}")
+    if not a.trl_threads or min(a.trl_threads) < 1:
+        p.error("--trl-threads: at least one count, each >= 1")
     bad = [s for s in a.systems if s not in SYSTEMS]
     if bad or not a.systems:
         p.error(f"--systems: unknown {bad or 'empty list'}; choose from {', '.join(SYSTEMS)}")
@@ -139,23 +155,29 @@ def table(runs: dict[str, dict[str, Any]], target: float) -> str:
     for name, s in runs.items():
         ph = ", ".join(f"{k} {v:.3f}" for k, v in s["phases"].items())
         acc = f"{_f(s['curve'][0][1] if s['curve'] else None)} → {_f(s['final_acc'])} ({_f(s['best_acc'])})"
-        rows.append(f"| {LABELS.get(name, name)} | {s['steps']} | {s['train_s']:.1f} | {_f(s['step_s'], '.3f')} "
+        rows.append(f"| {label(name)} | {s['steps']} | {s['train_s']:.1f} | {_f(s['step_s'], '.3f')} "
                     f"| {ph} | {acc} | {_f(s['tta_s'], '.1f')} |")
     return "\n".join(rows)
 
 
 def headlines(runs: dict[str, dict[str, Any]], target: float) -> list[str]:
     """The ratio lines (``... VALUE (target ...)``, read by ``benchmarks/report.py``)."""
-    if "trl" not in runs:
+    trls = {k: v for k, v in runs.items() if k == "trl" or k.startswith("trl-")}
+    if not trls:
         return []
-    trl, out = runs["trl"], []
+    out = []
+    # TRL at its best: the fastest of its thread counts, and the earliest to the target
+    fast = min(trls, key=lambda k: trls[k]["step_s"] or float("inf"))
+    first = min(trls, key=lambda k: (trls[k]["tta_s"] is None, trls[k]["tta_s"] or 0.0, -trls[k]["train_s"]))
     for name in ("async", "sync"):
         if name not in runs:
             continue
         s, tag = runs[name], "" if name == "async" else " (no target)"
+        trl = trls[fast]
         if s["step_s"] and trl["step_s"]:
             line = f"arealite {name} / TRL seconds per step: {s['step_s'] / trl['step_s']:.2f}x"
-            out.append(line + (f" (target <= {TARGET_STEP_RATIO})" if name == "async" else tag))
+            out.append(line + (f" (target <= {TARGET_STEP_RATIO})" if name == "async" else tag) + f" [{label(fast)}]")
+        trl = trls[first]
         ratio, how = tta_ratio(s, trl)
         what = f"arealite {name} / TRL time to {target:.2f} held-out accuracy"
         if ratio is None:
@@ -164,7 +186,7 @@ def headlines(runs: dict[str, dict[str, Any]], target: float) -> list[str]:
             note = (f" [an upper bound: TRL did not reach it in {trl['train_s']:.0f} s]"
                     if how == "upper bound" else "")
             out.append(f"{what}: {ratio:.2f}x" + (f" (target <= {TARGET_TTA_RATIO})" if name == "async" else tag)
-                       + note)
+                       + note + f" [{label(first)}]")
     return out
 
 
@@ -178,7 +200,7 @@ def page_entry(r: dict[str, Any]) -> dict[str, Any]:
             "figures": [f.as_dict() for f in parse_figures("vs_trl", "\n".join(r["headlines"]))],
             "notes": [*r["table"].splitlines(), *r["headlines"]],
             "about": f"{a['prompts']} prompts x {a['samples']} samples per step, max {a['max_new_tokens']} new "
-                     f"tokens, lr {a['lr']}; TRL with {a['trl_threads']} torch threads. All figures in "
+                     f"tokens, lr {a['lr']}; TRL torch threads: {a['trl_threads']}. All figures in "
                      "`benchmarks/results/vs_trl.json`."}
 
 
@@ -212,17 +234,18 @@ def run_arealite(name: str, a: argparse.Namespace, model: Path, data: Path, expe
     return arealite_summary(records, a.target)
 
 
-def run_trl(a: argparse.Namespace, model: Path, data: Path, experiment: str, max_steps: int) -> dict[str, Any]:
-    out = Path(a.fileroot) / experiment / "trl"
+def run_trl(a: argparse.Namespace, model: Path, data: Path, experiment: str, max_steps: int,
+            threads: int) -> dict[str, Any]:
+    out = Path(a.fileroot) / experiment / f"trl-{threads}t"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     cmd = [a.trl_python, str(ROOT / "benchmarks" / "trl_grpo.py"), "--model", str(model), "--data", str(data),
            "--out", str(out / "result.json"), "--seconds", str(a.seconds), "--prompts", str(a.prompts),
            "--samples", str(a.samples), "--max-new-tokens", str(a.max_new_tokens), "--lr", str(a.lr),
            "--max-steps", str(max_steps), "--eval-every", str(a.eval_every),
-           "--eval-prompts", str(a.eval_prompts), "--threads", str(a.trl_threads)]
+           "--eval-prompts", str(a.eval_prompts), "--threads", str(threads)]
     print(f"== TRL (load average {os.getloadavg()[0]:.1f}): {' '.join(cmd)}", flush=True)
-    env = {**os.environ, "OMP_NUM_THREADS": str(a.trl_threads), "PYTHONPATH": ""}
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": ""}
     t0 = time.monotonic()
     with open(out / "console.log", "w") as f:
         code = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT).returncode
@@ -242,7 +265,7 @@ def plot(runs: dict[str, dict[str, Any]], target: float, png: Path) -> None:
     fig, ax = plt.subplots(figsize=(8, 4.5))
     try:
         for name, s in runs.items():
-            ax.plot([t for t, _ in s["curve"]], [acc for _, acc in s["curve"]], marker=".", label=LABELS[name])
+            ax.plot([t for t, _ in s["curve"]], [acc for _, acc in s["curve"]], marker=".", label=label(name))
         ax.axhline(target, color="grey", ls="--", lw=0.8)
         ax.set_xlabel("training seconds (evaluations excluded)")
         ax.set_ylabel("held-out greedy accuracy")
@@ -269,10 +292,13 @@ def main(argv: list[str] | None = None) -> int:
     experiment = "bench-vs-trl" + (f"-{tag}" if tag else "")
     runs: dict[str, dict[str, Any]] = {}
     for name in a.systems:
-        runs[name] = run_trl(a, model, data, experiment, max_steps) if name == "trl" else \
-            run_arealite(name, a, model, data, experiment, max_steps)
+        if name == "trl":
+            for th in a.trl_threads:
+                runs[f"trl-{th}t"] = run_trl(a, model, data, experiment, max_steps, th)
+        else:
+            runs[name] = run_arealite(name, a, model, data, experiment, max_steps)
     print(f"\n{a.prompts} prompts x {a.samples} samples per step, max {a.max_new_tokens} new tokens, lr {a.lr}, "
-          f"{a.seconds:.0f} training seconds each; TRL {a.trl_threads} torch threads\n")
+          f"{a.seconds:.0f} training seconds each; TRL torch threads {a.trl_threads}\n")
     print(table(runs, a.target))
     print()
     for line in headlines(runs, a.target):

@@ -95,3 +95,18 @@ def test_page_entry_of_a_saved_full_run():
     assert e["name"].startswith("vs_trl, last full run (20 training s each")
     assert [f["met"] for f in e["figures"]] == [True, True]
     assert e["notes"][0].startswith("| system |") and e["command"] == saved["command"]
+
+
+def test_trl_thread_counts_and_the_best_trl_run():
+    assert vs_trl.parse_args(["--trl-threads", "2,1,2"]).trl_threads == [1, 2]
+    for bad in (["--trl-threads", "x"], ["--trl-threads", "0"]):
+        with pytest.raises(SystemExit):
+            vs_trl.parse_args(bad)
+    slow = vs_trl.trl_summary({"steps": 10, "train_s": 40.0, "curve": [[0, 0.0, 0.3], [10, 40.0, 0.75]]}, 0.7)
+    fast = vs_trl.trl_summary({"steps": 20, "train_s": 40.0, "curve": [[0, 0.0, 0.3], [20, 40.0, 0.6]]}, 0.7)
+    runs = {"trl-1t": slow, "trl-2t": fast, "async": vs_trl.arealite_summary(_arealite_records(), 0.7)}
+    lines = vs_trl.headlines(runs, 0.7)
+    # seconds per step against the faster TRL (2.0 s), time to target against the one that got there
+    assert lines[0].startswith("arealite async / TRL seconds per step: 0.25x") and "2 threads" in lines[0]
+    assert lines[1].startswith("arealite async / TRL time to 0.70 held-out accuracy: 0.25x") and "1 thread]" in lines[1]
+    assert vs_trl.label("trl-2t") == "TRL GRPOTrainer, 2 threads" and "| TRL GRPOTrainer, 1 thread |" in vs_trl.table(runs, 0.7)
