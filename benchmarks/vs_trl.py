@@ -102,7 +102,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def time_to_target(curve: Curve, target: float) -> float | None:
     """Training seconds of the first evaluation at or above ``target`` (None: never reached)."""
-    return next((t for t, acc in sorted(curve) if acc >= target), None)
+    # accuracies come as float32 means (0.7 arrives as 0.69999998): compare with a tolerance
+    return next((t for t, acc in sorted(curve) if acc >= target - 1e-6), None)
 
 
 def tta_ratio(ours: dict[str, Any], theirs: dict[str, Any]) -> tuple[float | None, str]:

@@ -26,6 +26,7 @@ def test_time_to_target_is_the_first_evaluation_at_or_above_it():
     assert vs_trl.time_to_target(curve, 0.8) == 20.0
     assert vs_trl.time_to_target(curve, 0.6) == 10.0
     assert vs_trl.time_to_target(curve, 0.95) is None
+    assert vs_trl.time_to_target([(0.0, 0.3), (5.0, 0.699999988079071)], 0.7) == 5.0  # float32 0.7
 
 
 def test_tta_ratio_exact_bound_and_missing():
