@@ -108,13 +108,16 @@ def time_to_target(curve: Curve, target: float) -> float | None:
 
 def tta_ratio(ours: dict[str, Any], theirs: dict[str, Any]) -> tuple[float | None, str]:
     """Time-to-target ratio ours / theirs and how to read it: ``exact``; ``upper bound`` when
-    only ours reached it (theirs would take longer than its whole budget); None otherwise."""
+    only ours reached it (theirs would take longer than its whole budget); ``lower bound`` when
+    only theirs did (ours took longer than its whole training time); None when neither did."""
     a, b = ours.get("tta_s"), theirs.get("tta_s")
     if a is not None and b is not None:
         return (a / b if b > 0 else None), "exact"
     if a is not None and theirs.get("train_s"):
         return a / theirs["train_s"], "upper bound"
-    return None, "not reached" if a is None else "n/a"
+    if b is not None and b > 0 and ours.get("train_s"):
+        return ours["train_s"] / b, "lower bound"
+    return None, "not reached"
 
 
 def arealite_summary(records: list[dict[str, Any]], target: float) -> dict[str, Any]:
@@ -184,8 +187,9 @@ def headlines(runs: dict[str, dict[str, Any]], target: float) -> list[str]:
         if ratio is None:
             out.append(f"{what}: {how} (arealite {_f(s['tta_s'], '.1f')} s, TRL {_f(trl['tta_s'], '.1f')} s)")
         else:
-            note = (f" [an upper bound: TRL did not reach it in {trl['train_s']:.0f} s]"
-                    if how == "upper bound" else "")
+            note = {"upper bound": f" [an upper bound: TRL did not reach it in {trl['train_s']:.0f} s]",
+                    "lower bound": f" [a lower bound: arealite {name} did not reach it in {s['train_s']:.0f} s]",
+                    }.get(how, "")
             out.append(f"{what}: {ratio:.2f}x" + (f" (target <= {TARGET_TTA_RATIO})" if name == "async" else tag)
                        + note + f" [{label(first)}]")
     return out

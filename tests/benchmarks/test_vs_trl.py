@@ -33,7 +33,9 @@ def test_tta_ratio_exact_bound_and_missing():
     assert vs_trl.tta_ratio({"tta_s": 30.0}, {"tta_s": 120.0, "train_s": 300.0}) == (0.25, "exact")
     # only ours reached it: theirs would need more than its whole budget
     assert vs_trl.tta_ratio({"tta_s": 30.0}, {"tta_s": None, "train_s": 300.0}) == (0.1, "upper bound")
-    assert vs_trl.tta_ratio({"tta_s": None}, {"tta_s": 50.0, "train_s": 300.0}) == (None, "not reached")
+    # only theirs reached it: ours would need more than its whole training time
+    assert vs_trl.tta_ratio({"tta_s": None, "train_s": 150.0}, {"tta_s": 50.0}) == (3.0, "lower bound")
+    assert vs_trl.tta_ratio({"tta_s": None, "train_s": 150.0}, {"tta_s": None}) == (None, "not reached")
 
 
 def _arealite_records():
