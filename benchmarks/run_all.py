@@ -55,7 +55,14 @@ KNOWN["trainer_step"] = (
     "it) against a plain PyTorch floor (padded forward, policy-gradient loss, backward, clip, "
     "AdamW) over the same GRPO batch in the same process, by micro-batch budget, length mix and "
     "shared-prompt packing.")
-HELPERS = {"__init__", "run_all", "report", "rl_metrics", "longtail_workflow", "run_probes"}
+KNOWN["vs_trl"] = (
+    "TRL's GRPOTrainer (its own virtualenv: `make setup-trl`; use_vllm=False, generation in line) "
+    "against arealite async (configs/toy_grpo.yaml) and sync (configs/toy_grpo_sync.yaml) on the "
+    "main job's task, one after the other: same SFT warm start, grader, greedy held-out "
+    "evaluation, prompts x samples per step, max new tokens and learning rate; each trains for "
+    "the same training seconds (evaluations excluded). Seconds per step, held-out accuracy "
+    "against training seconds, training seconds to the target accuracy; ratios arealite / TRL.")
+HELPERS = {"__init__", "run_all", "report", "rl_metrics", "longtail_workflow", "run_probes", "trl_grpo"}
 
 
 def discover() -> list[str]:
@@ -362,6 +369,12 @@ def write_page(a: argparse.Namespace, results: list[dict[str, Any]], machine: di
         i = next((k + 1 for k, r in enumerate(results) if r["name"] == "staleness_ablation"),
                  len(results))
         results = [*results[:i], *abl_entries, *results[i:]]
+    trl_full = HERE / "results" / "vs_trl.json"
+    if a.quick and "vs_trl" in names and trl_full.is_file():
+        from benchmarks.vs_trl import page_entry
+
+        i = next((k + 1 for k, r in enumerate(results) if r["name"] == "vs_trl"), len(results))
+        results = [*results[:i], page_entry(json.loads(trl_full.read_text())), *results[i:]]
     prof = profile_section(full_r) if full_r else None
     if prof:
         sections.append(("Profile before tuning: what changed and by how much", prof))

@@ -1,0 +1,323 @@
+"""arealite against TRL's ``GRPOTrainer`` on the main job's task, one after the other in one run.
+
+    python -m benchmarks.vs_trl [--quick] [--seconds S] [--target ACC] [--systems trl,async,sync]
+
+Needs TRL's virtualenv: ``make setup-trl`` (``benchmarks/trl_requirements.txt``, pinned).
+
+Common to every system: the main job's tiny Qwen2 model and SFT warm start (built as ``make
+run`` builds them when missing, under ``{fileroot}/assets``), the toy arithmetic task's
+training rows, grader (``workflows.rewards.toy.toy_reward``) and held-out set, evaluated greedily
+with the same max new tokens every ``--eval-every`` optimizer steps; the main job's
+per-step shape (``--prompts`` prompts x ``--samples`` samples, default 16 x 8 as in
+``configs/toy_grpo.yaml``), max new tokens (10), learning rate (2e-4, cosine to 0.2x over the
+main job's 375 steps), clip 0.2, no KL term, gradient clipping 1.0, fp32 on the CPU. Each
+system trains for ``--seconds`` of training time (evaluations excluded):
+
+- ``trl``: ``GRPOTrainer`` (``use_vllm=False``, generation in line) in the TRL virtualenv
+  (``benchmarks/trl_grpo.py``), one process with ``--trl-threads`` torch threads (default: the
+  machine's cores), without gradient checkpointing (its default; nothing to save here).
+  Otherwise TRL's defaults (advantages against the group mean scaled by the group's std,
+  ``loss_type="dapo"``); arealite normalises advantages over the batch (the main job's config).
+- ``async``: ``configs/toy_grpo.yaml`` through the local launcher (embedded server + trainer,
+  the cores split between them, eta = 2); ``sync``: ``configs/toy_grpo_sync.yaml`` (eta = 0).
+
+Figures per system: steps, seconds per step (training seconds / steps), the phase times,
+held-out accuracy against training seconds, and the training seconds to the first evaluation at
+or above ``--target``. Headlines: arealite async / TRL for seconds per step (target <= 0.7) and
+for time to target accuracy (target <= 0.5). Writes ``benchmarks/results/vs_trl[_quick].json``
+and a PNG of the accuracy curves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+CONFIGS = {"async": ROOT / "configs" / "toy_grpo.yaml", "sync": ROOT / "configs" / "toy_grpo_sync.yaml"}
+SYSTEMS = ("trl", "async", "sync")
+LABELS = {"trl": "TRL GRPOTrainer", "async": "arealite async (eta=2)", "sync": "arealite sync"}
+
+
+def label(name: str) -> str:
+    """``trl-2t`` -> ``TRL GRPOTrainer, 2 threads``; arealite's names from LABELS."""
+    if name.startswith("trl-") and name.endswith("t"):
+        n = name[4:-1]
+        return f"{LABELS['trl']}, {n} thread{'' if n == '1' else 's'}"
+    return LABELS.get(name, name)
+TARGET_STEP_RATIO, TARGET_TTA_RATIO = 0.7, 0.5
+Curve = list[tuple[float, float]]  # (training seconds, held-out accuracy)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="60 s per system, target 0.5")
+    p.add_argument("--seconds", type=float, default=None, help="training seconds per system (default 300)")
+    p.add_argument("--target", type=float, default=None, help="held-out accuracy target (default 0.7; 0.5 with --quick)")
+    p.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated, from {SYSTEMS}")
+    p.add_argument("--prompts", type=int, default=16, help="prompts per step")
+    p.add_argument("--samples", type=int, default=8, help="samples per prompt")
+    p.add_argument("--max-new-tokens", type=int, default=10)
+    p.add_argument("--lr", type=float, default=2e-4)
+    p.add_argument("--eval-every", type=int, default=10, help="optimizer steps between evaluations")
+    p.add_argument("--eval-prompts", type=int, default=0, help="0: the whole held-out set")
+    p.add_argument("--trl-python", default=str(ROOT / ".venv-trl" / "bin" / "python"))
+    p.add_argument("--trl-threads", default=",".join(sorted({"1", str(os.cpu_count() or 1)})),
+                   help="torch threads of TRL's process; a comma list runs TRL once per count and "
+                        "compares arealite with the best (on a loaded machine one thread can win)")
+    p.add_argument("--fileroot", default=str(ROOT / "outputs"))
+    p.add_argument("--tag", default=None, help="results file suffix (default: quick or none)")
+    a = p.parse_args(argv)
+    a.seconds = a.seconds if a.seconds is not None else (60.0 if a.quick else 300.0)
+    a.target = a.target if a.target is not None else (0.5 if a.quick else 0.7)
+    a.systems = [s.strip() for s in a.systems.split(",") if s.strip()]
+    try:
+        a.trl_threads = sorted({int(t) for t in str(a.trl_threads).split(",") if t.strip()})
+    except ValueError:
+        p.error(f"--trl-threads: comma-separated integers, not {a.trl_threads!r}")
+    if not a.trl_threads or min(a.trl_threads) < 1:
+        p.error("--trl-threads: at least one count, each >= 1")
+    bad = [s for s in a.systems if s not in SYSTEMS]
+    if bad or not a.systems:
+        p.error(f"--systems: unknown {bad or 'empty list'}; choose from {', '.join(SYSTEMS)}")
+    if a.seconds <= 0 or not 0 < a.target <= 1 or min(a.prompts, a.samples, a.max_new_tokens, a.eval_every) < 1:
+        p.error("--seconds > 0, 0 < --target <= 1, and --prompts/--samples/--max-new-tokens/--eval-every >= 1")
+    return a
+
+
+# --------------------------------------------------------------------------- pure figures
+
+
+def time_to_target(curve: Curve, target: float) -> float | None:
+    """Training seconds of the first evaluation at or above ``target`` (None: never reached)."""
+    # accuracies come as float32 means (0.7 arrives as 0.69999998): compare with a tolerance
+    return next((t for t, acc in sorted(curve) if acc >= target - 1e-6), None)
+
+
+def tta_ratio(ours: dict[str, Any], theirs: dict[str, Any]) -> tuple[float | None, str]:
+    """Time-to-target ratio ours / theirs and how to read it: ``exact``; ``upper bound`` when
+    only ours reached it (theirs would take longer than its whole budget); ``lower bound`` when
+    only theirs did (ours took longer than its whole training time); None when neither did."""
+    a, b = ours.get("tta_s"), theirs.get("tta_s")
+    if a is not None and b is not None:
+        return (a / b if b > 0 else None), "exact"
+    if a is not None and theirs.get("train_s"):
+        return a / theirs["train_s"], "upper bound"
+    if b is not None and b > 0 and ours.get("train_s"):
+        return ours["train_s"] / b, "lower bound"
+    return None, "not reached"
+
+
+def arealite_summary(records: list[dict[str, Any]], target: float) -> dict[str, Any]:
+    """Figures of an arealite run from its metrics.jsonl records."""
+    steps = sorted((r for r in records if r.get("step", 0) >= 1 and "timeperf/step" in r), key=lambda r: r["step"])
+    if not steps:
+        raise ValueError("no step records in the metrics")
+    curve: Curve = [(0.0 if r["step"] == 0 else float(r.get("timeperf/train_elapsed", 0.0)), float(r["eval/accuracy"]))
+                    for r in records if isinstance(r.get("eval/accuracy"), (int, float))]
+    train_s = float(steps[-1]["timeperf/train_elapsed"])
+    n = len(steps)
+    phases = {p: sum(float(r.get(f"timeperf/{p}", 0.0)) for r in steps) / n
+              for p in ("rollout_wait", "logp", "update", "weight_sync")}
+    return finish({"steps": n, "train_s": train_s, "curve": curve, "phases": phases}, target)
+
+
+def trl_summary(result: dict[str, Any], target: float) -> dict[str, Any]:
+    """Figures of the TRL run from ``benchmarks/trl_grpo.py``'s result JSON."""
+    curve: Curve = [(float(t), float(acc)) for _, t, acc in result["curve"]]
+    return finish({"steps": int(result["steps"]), "train_s": float(result["train_s"]), "curve": curve,
+                   "phases": dict(result.get("phases", {}))}, target)
+
+
+def finish(s: dict[str, Any], target: float) -> dict[str, Any]:
+    s["step_s"] = s["train_s"] / s["steps"] if s["steps"] else None
+    s["tta_s"] = time_to_target(s["curve"], target)
+    s["final_acc"] = s["curve"][-1][1] if s["curve"] else None
+    s["best_acc"] = max((acc for _, acc in s["curve"]), default=None)
+    return s
+
+
+def _f(v: Any, spec: str = ".2f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def table(runs: dict[str, dict[str, Any]], target: float) -> str:
+    rows = ["| system | steps | training s | s / step | phases (s / step) | initial → final acc (best) "
+            f"| s to {target:.2f} |", "|---|---|---|---|---|---|---|"]
+    for name, s in runs.items():
+        ph = ", ".join(f"{k} {v:.3f}" for k, v in s["phases"].items())
+        acc = f"{_f(s['curve'][0][1] if s['curve'] else None)} → {_f(s['final_acc'])} ({_f(s['best_acc'])})"
+        rows.append(f"| {label(name)} | {s['steps']} | {s['train_s']:.1f} | {_f(s['step_s'], '.3f')} "
+                    f"| {ph} | {acc} | {_f(s['tta_s'], '.1f')} |")
+    return "\n".join(rows)
+
+
+def headlines(runs: dict[str, dict[str, Any]], target: float) -> list[str]:
+    """The ratio lines (``... VALUE (target ...)``, read by ``benchmarks/report.py``)."""
+    trls = {k: v for k, v in runs.items() if k == "trl" or k.startswith("trl-")}
+    if not trls:
+        return []
+    out = []
+    # TRL at its best: the fastest of its thread counts, and the earliest to the target
+    fast = min(trls, key=lambda k: trls[k]["step_s"] or float("inf"))
+    first = min(trls, key=lambda k: (trls[k]["tta_s"] is None, trls[k]["tta_s"] or 0.0, -trls[k]["train_s"]))
+    for name in ("async", "sync"):
+        if name not in runs:
+            continue
+        s, tag = runs[name], "" if name == "async" else " (no target)"
+        trl = trls[fast]
+        if s["step_s"] and trl["step_s"]:
+            line = f"arealite {name} / TRL seconds per step: {s['step_s'] / trl['step_s']:.2f}x"
+            out.append(line + (f" (target <= {TARGET_STEP_RATIO})" if name == "async" else tag) + f" [{label(fast)}]")
+        trl = trls[first]
+        ratio, how = tta_ratio(s, trl)
+        what = f"arealite {name} / TRL time to {target:.2f} held-out accuracy"
+        if ratio is None:
+            out.append(f"{what}: {how} (arealite {_f(s['tta_s'], '.1f')} s, TRL {_f(trl['tta_s'], '.1f')} s)")
+        else:
+            note = {"upper bound": f" [an upper bound: TRL did not reach it in {trl['train_s']:.0f} s]",
+                    "lower bound": f" [a lower bound: arealite {name} did not reach it in {s['train_s']:.0f} s]",
+                    }.get(how, "")
+            out.append(f"{what}: {ratio:.2f}x" + (f" (target <= {TARGET_TTA_RATIO})" if name == "async" else tag)
+                       + note + f" [{label(first)}]")
+    return out
+
+
+def page_entry(r: dict[str, Any]) -> dict[str, Any]:
+    """A saved full run (``benchmarks/results/vs_trl.json``) as a row group of the results page."""
+    from benchmarks.report import parse_figures
+
+    a = r["args"]
+    return {"name": f"vs_trl, last full run ({a['seconds']:.0f} training s each, target {a['target']})",
+            "command": r["command"], "status": f"ran {r['date']}", "seconds": None,
+            "figures": [f.as_dict() for f in parse_figures("vs_trl", "\n".join(r["headlines"]))],
+            "notes": [*r["table"].splitlines(), *r["headlines"]],
+            "about": f"{a['prompts']} prompts x {a['samples']} samples per step, max {a['max_new_tokens']} new "
+                     f"tokens, lr {a['lr']}; TRL torch threads: {a['trl_threads']}. All figures in "
+                     "`benchmarks/results/vs_trl.json`."}
+
+
+# --------------------------------------------------------------------------- runs
+
+
+def run_arealite(name: str, a: argparse.Namespace, model: Path, data: Path, experiment: str,
+                 max_steps: int) -> dict[str, Any]:
+    from arealite.launcher.local import main as launch
+
+    out = Path(a.fileroot) / experiment / name
+    shutil.rmtree(out, ignore_errors=True)  # metrics.jsonl is appended to: start clean
+    out.mkdir(parents=True)
+    argv = [str(CONFIGS[name]), f"actor.path={model}", f"train_dataset.path={data / 'train.jsonl'}",
+            f"valid_dataset.path={data / 'valid.jsonl'}", f"cluster.fileroot={a.fileroot}",
+            f"experiment_name={experiment}", f"trial_name={name}", f"total_train_seconds={a.seconds}",
+            f"total_train_steps={max_steps}",  # the lr schedule's length, as TRL's max_steps
+            f"evaluator.freq_steps={a.eval_every}", f"evaluator.max_prompts={a.eval_prompts or 'null'}",
+            f"train_dataset.batch_size={a.prompts}", f"rollout.consumer_batch_size={a.prompts}",
+            f"rollout.max_concurrent_rollouts={2 * a.prompts}", f"gconfig.n_samples={a.samples}",
+            f"actor.group_size={a.samples}", f"gconfig.max_new_tokens={a.max_new_tokens}",
+            f"actor.optimizer.lr={a.lr}", "stats_logger.tensorboard=false"]
+    print(f"== arealite {name} (load average {os.getloadavg()[0]:.1f}): arealite train {' '.join(argv)}", flush=True)
+    t0 = time.monotonic()
+    with open(out / "console.log", "w") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
+        code = launch(argv)
+    if code != 0:
+        raise SystemExit(f"arealite {name} failed (exit {code}); see {out / 'console.log'}")
+    print(f"   done in {time.monotonic() - t0:.0f}s (logs: {out / 'logs'})", flush=True)
+    records = [json.loads(line) for line in (out / "logs" / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return arealite_summary(records, a.target)
+
+
+def run_trl(a: argparse.Namespace, model: Path, data: Path, experiment: str, max_steps: int,
+            threads: int) -> dict[str, Any]:
+    out = Path(a.fileroot) / experiment / f"trl-{threads}t"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    cmd = [a.trl_python, str(ROOT / "benchmarks" / "trl_grpo.py"), "--model", str(model), "--data", str(data),
+           "--out", str(out / "result.json"), "--seconds", str(a.seconds), "--prompts", str(a.prompts),
+           "--samples", str(a.samples), "--max-new-tokens", str(a.max_new_tokens), "--lr", str(a.lr),
+           "--max-steps", str(max_steps), "--eval-every", str(a.eval_every),
+           "--eval-prompts", str(a.eval_prompts), "--threads", str(threads)]
+    print(f"== TRL (load average {os.getloadavg()[0]:.1f}): {' '.join(cmd)}", flush=True)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": ""}
+    t0 = time.monotonic()
+    with open(out / "console.log", "w") as f:
+        code = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT).returncode
+    if code != 0:
+        tail = (out / "console.log").read_text().splitlines()[-20:]
+        raise SystemExit(f"TRL run failed (exit {code}); last lines of {out / 'console.log'}:\n" + "\n".join(tail))
+    print(f"   done in {time.monotonic() - t0:.0f}s (log: {out / 'console.log'})", flush=True)
+    return trl_summary(json.loads((out / "result.json").read_text()), a.target)
+
+
+def plot(runs: dict[str, dict[str, Any]], target: float, png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    try:
+        for name, s in runs.items():
+            ax.plot([t for t, _ in s["curve"]], [acc for _, acc in s["curve"]], marker=".", label=label(name))
+        ax.axhline(target, color="grey", ls="--", lw=0.8)
+        ax.set_xlabel("training seconds (evaluations excluded)")
+        ax.set_ylabel("held-out greedy accuracy")
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.savefig(png, dpi=100, bbox_inches="tight")
+    finally:
+        plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    if "trl" in a.systems and not Path(a.trl_python).is_file():
+        print(f"vs_trl: no TRL virtualenv at {a.trl_python}: run `make setup-trl` first", file=sys.stderr)
+        return 2
+    from benchmarks.async_vs_sync import ensure_model
+
+    model, data = ensure_model(Path(a.fileroot))
+    n_train = sum(1 for line in (data / "train.jsonl").read_text().splitlines() if line.strip())
+    from arealite.api.config_loader import load_config
+
+    max_steps = load_config(str(CONFIGS["async"]), []).total_train_epochs * (n_train // a.prompts)
+    tag = a.tag or ("quick" if a.quick else "")
+    experiment = "bench-vs-trl" + (f"-{tag}" if tag else "")
+    runs: dict[str, dict[str, Any]] = {}
+    for name in a.systems:
+        if name == "trl":
+            for th in a.trl_threads:
+                runs[f"trl-{th}t"] = run_trl(a, model, data, experiment, max_steps, th)
+        else:
+            runs[name] = run_arealite(name, a, model, data, experiment, max_steps)
+    print(f"\n{a.prompts} prompts x {a.samples} samples per step, max {a.max_new_tokens} new tokens, lr {a.lr}, "
+          f"{a.seconds:.0f} training seconds each; TRL torch threads {a.trl_threads}\n")
+    print(table(runs, a.target))
+    print()
+    for line in headlines(runs, a.target):
+        print(line)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    stem = "vs_trl" + (f"_{tag}" if tag else "")
+    command = " ".join(["python -m benchmarks.vs_trl", *(sys.argv[1:] if argv is None else argv)])
+    (RESULTS / f"{stem}.json").write_text(json.dumps(
+        {"command": command.strip(), "date": time.strftime("%Y-%m-%d %H:%M"), "args": vars(a), "runs": runs,
+         "table": table(runs, a.target), "headlines": headlines(runs, a.target)}, indent=1))
+    plot(runs, a.target, RESULTS / f"{stem}.png")
+    print(f"\nwrote {RESULTS / f'{stem}.json'} and {RESULTS / f'{stem}.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
