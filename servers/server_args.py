@@ -155,6 +155,9 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
         parser.error("--port must be in [1, 65535]")
     # Keys may come from the environment (kept out of argv, where ps and /server_info's
     # launch_command would show them); a flag wins.
+    # As SGLang's ServerArgs: the served name is fixed at launch (a later
+    # update_weights_from_disk changes the weights' path, not the name clients use).
+    ns.served_model_name = ns.served_model_name or ns.model_path
     ns.api_key = ns.api_key or os.environ.get(API_KEY_ENV) or None
     ns.admin_api_key = ns.admin_api_key or os.environ.get(ADMIN_API_KEY_ENV) or None
     check_bind(parser, ns.host, ns.insecure, ns.api_key, ns.admin_api_key)

@@ -112,6 +112,9 @@ def main() -> None:
     if actor.rank == 0:
         result["params"] = sd
         torch.save(result, a.out)
+    # both ranks done before either tears its group down: a rank leaving while the other
+    # still talks to it ends in gloo's "terminate called without an active exception"
+    torch.distributed.barrier()
     actor.destroy()
     torch.distributed.destroy_process_group()
 

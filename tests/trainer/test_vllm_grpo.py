@@ -19,7 +19,7 @@ pytestmark = [
     pytest.mark.skipif(not vllm_available(), reason="no .venv-vllm: run make setup-vllm"),
 ]
 
-STEPS, ETA = 20, 2
+STEPS, ETA = 40, 2
 
 
 def first_traceback(fileroot: Path) -> str:
@@ -32,6 +32,7 @@ def first_traceback(fileroot: Path) -> str:
     return "\n".join(lines[max(0, start - 5):start + 40])
 
 
+@pytest.mark.timeout(900)
 def test_async_grpo_on_vllm_reward_rises(toy_assets, tmp_path):
     cmd = [sys.executable, "-m", "arealite.cli.main", "train", "configs/toy_grpo.yaml",
            "launcher.server_backend=vllm", f"cluster.fileroot={tmp_path}", "trial_name=vllm",
@@ -43,7 +44,7 @@ def test_async_grpo_on_vllm_reward_rises(toy_assets, tmp_path):
            "launcher.startup_timeout=400"]  # a cold vLLM start on 2 busy cores
     with spawn(cmd) as (proc, log):
         t0 = time.monotonic()
-        while proc.poll() is None and time.monotonic() - t0 < 560:
+        while proc.poll() is None and time.monotonic() - t0 < 840:
             time.sleep(1)
         text = open(log).read()
         assert proc.poll() == 0, (f"GRPO on vLLM failed or timed out:\n{log_tail(log, 30)}\n"
@@ -62,7 +63,8 @@ def test_async_grpo_on_vllm_reward_rises(toy_assets, tmp_path):
     assert steps[0]["logprob_agreement/n_tokens"] > 100
     assert steps[0]["logprob_agreement/max_abs_diff"] < 1e-4
     # Learning: the greedy held-out reward (0.38 after SFT; 0.5 after 20 steps on vLLM and on
-    # the embedded server during development) rises. The sampled training reward moves by less
+    # the embedded server during development, but once only 0.34 -> 0.355 after 20 steps in a
+    # clean-clone CI run: 40 steps) rises. The sampled training reward moves by less
     # than its step-to-step noise in 20 steps, so it is not the criterion here.
     evals = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
     assert len(evals) == 2 and evals[-1] > evals[0] + 0.05, evals
