@@ -19,7 +19,7 @@ pytestmark = [
     pytest.mark.skipif(not vllm_available(), reason="no .venv-vllm: run make setup-vllm"),
 ]
 
-STEPS, ETA = 40, 2
+STEPS, ETA = 90, 2
 
 
 def first_traceback(fileroot: Path) -> str:
@@ -62,9 +62,10 @@ def test_async_grpo_on_vllm_reward_rises(toy_assets, tmp_path):
     # Invariant 4 across engines: vLLM's fp32 logprobs = the trainer's recompute at step 1.
     assert steps[0]["logprob_agreement/n_tokens"] > 100
     assert steps[0]["logprob_agreement/max_abs_diff"] < 1e-4
-    # Learning: the greedy held-out reward (0.38 after SFT; 0.5 after 20 steps on vLLM and on
-    # the embedded server during development, but once only 0.34 -> 0.355 after 20 steps in a
-    # clean-clone CI run: 40 steps) rises. The sampled training reward moves by less
+    # Learning: the greedy held-out reward rises. The learning-rate schedule spans the run, so a
+    # short run learns little: from the shared SFT start (0.34), 0.355 after 20 steps and
+    # 0.315 after 40 on vLLM (0.37 after 40 on the embedded server), 0.455 after 90 (the main
+    # job's test runs 90 steps too). The sampled training reward moves by less
     # than its step-to-step noise in 20 steps, so it is not the criterion here.
     evals = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
     assert len(evals) == 2 and evals[-1] > evals[0] + 0.05, evals
