@@ -42,6 +42,14 @@ def _model_name(state: ServerState) -> str:
     return state.args.served_model_name or state.model_path
 
 
+
+def _stream_error(s) -> str | None:
+    """The SSE error event for a sequence that finished with an error status, else None."""
+    if (s.finish or {}).get("status_code", 0) < 400:
+        return None
+    return _sse({"error": {"message": s.finish.get("message", "error"),
+                           "type": "InternalServerError", "code": s.finish["status_code"]}})
+
 @router.get("/v1/models")
 async def models(request: Request) -> dict:
     state: ServerState = request.app.state.server
@@ -253,9 +261,8 @@ async def _chat_stream(state, req: OpenAIRequest, seqs, rid: str, model: str):
         yield chunk(i, {"role": "assistant", "content": ""})
     async for i, n_out, final in _events(state, seqs):
         s, st = seqs[i], streams[i]
-        if final and (s.finish or {}).get("status_code", 0) >= 400:
-            yield _sse({"error": {"message": s.finish.get("message", "error"),
-                                  "type": "InternalServerError", "code": s.finish["status_code"]}})
+        if final and (err := _stream_error(s)):
+            yield err
             break
         out = build_output(s, n_out, final, state.detok, state.engine.weight_version)
         text = out["text"]
@@ -296,9 +303,8 @@ async def _completion_stream(state, req: OpenAIRequest, seqs, rid: str, model: s
             yield chunk(i, req.prompt_texts[i // req.n])
     async for i, n_out, final in _events(state, seqs):
         s, st = seqs[i], streams[i]
-        if final and (s.finish or {}).get("status_code", 0) >= 400:
-            yield _sse({"error": {"message": s.finish.get("message", "error"),
-                                  "type": "InternalServerError", "code": s.finish["status_code"]}})
+        if final and (err := _stream_error(s)):
+            yield err
             break
         text = build_output(s, n_out, final, state.detok, state.engine.weight_version)["text"]
         lp = _completion_logprobs(state, s, st.tokens, n_out)
