@@ -43,7 +43,7 @@ def _model_name(state: ServerState) -> str:
 
 
 
-def _stream_error(s) -> str | None:
+def _stream_error(s: Any) -> bytes | None:
     """The SSE error event for a sequence that finished with an error status, else None."""
     if (s.finish or {}).get("status_code", 0) < 400:
         return None
