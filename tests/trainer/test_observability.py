@@ -73,12 +73,15 @@ def test_metrics_and_trace_of_a_short_run(tmp_path, tiny_model_dir, toy_data_dir
     assert value(t1, "arealite_trainer_steps_total") > value(t0, "arealite_trainer_steps_total") >= 1
     assert (value(t1, "arealite_rollout_episodes_total", outcome="accepted")
             > value(t0, "arealite_rollout_episodes_total", outcome="accepted"))
-    assert value(t1, "arealite_trainer_phase_seconds_count", phase="update") >= 4
+    # record_step counts the step, then observes its phases: a scrape may fall between the two
+    n = value(t1, "arealite_trainer_steps_total")
+    assert n - 1 <= value(t1, "arealite_trainer_phase_seconds_count", phase="update") <= n
     assert value(t1, "arealite_weight_sync_bytes_total") > value(t0, "arealite_weight_sync_bytes_total") > 0
     assert value(t1, "arealite_client_served_requests_total") > value(t0, "arealite_client_served_requests_total")
     s0, s1 = first[server], later[server]
     assert (value(s1, "sglang:generation_tokens_total") > value(s0, "sglang:generation_tokens_total") > 0)
-    assert value(s1, "arealite:weight_version") >= 4
+    # version `done` went out before step done+1 finished, and s1 was scraped after that
+    assert value(s1, "arealite:weight_version") >= done >= 1
     assert value(s1, "arealite:weight_updates_total") > value(s0, "arealite:weight_updates_total")
 
     check_trace(run_dir(tmp_path, TRIAL) / "logs" / "trace_rank0.json",

@@ -41,6 +41,7 @@ def test_async_grpo_on_vllm_reward_rises(toy_assets, tmp_path):
            f"valid_dataset.path={toy_assets / 'toy_math' / 'valid.jsonl'}",
            f"total_train_steps={STEPS}", f"evaluator.freq_steps={STEPS}",
            f"rollout.max_head_offpolicyness={ETA}", "stats_logger.tensorboard=false",
+           "actor.optimizer.lr_scheduler_type=constant",  # as the main job's test
            "launcher.startup_timeout=400"]  # a cold vLLM start on 2 busy cores
     with spawn(cmd) as (proc, log):
         t0 = time.monotonic()
