@@ -37,6 +37,8 @@ def batch_rollout_stats(batch: dict[str, torch.Tensor], rollout: Any, version: i
         # Invariant 4: tokens generated with the weights the trainer held while recomputing
         # logprobs must get the same logprob from server and trainer.
         fresh = lm & (v == version - 1)
+        if "prox_forwarded" in batch:  # rows whose prox_logp is a copy of logprobs prove nothing
+            fresh = fresh & batch["prox_forwarded"].to(fresh.device)[:, None]
         if "prox_logp" in batch and fresh.any():
             diff = (batch["logprobs"] - batch["prox_logp"]).abs()[fresh]
             out["logprob_agreement/max_abs_diff"] = diff.max().item()

@@ -102,6 +102,11 @@ class PPOActor:
             prox[stale, : got.shape[1]] = got
             prox[stale, got.shape[1]:] = 0.0
         data["prox_logp"] = prox
+        # rows that took their behaviour logprobs agree with them by construction: the
+        # server/trainer agreement check (rollout_stats) must look only at forwarded rows
+        forwarded = torch.zeros(lm.shape[0], dtype=torch.bool, device=lm.device)
+        forwarded[stale] = True
+        data["prox_forwarded"] = forwarded
         return f"recomputed:{len(stale)}"
 
     # ------------------------------------------------------------------ advantages
@@ -186,6 +191,7 @@ class PPOActor:
         self.engine.step_lr_scheduler()
         if fused:
             data["prox_logp"] = _gather_prox(sink, data["input_ids"].shape)
+            data["prox_forwarded"] = torch.ones(data["input_ids"].shape[0], dtype=torch.bool)
         for s in step_stats:
             self.tracker.scalar(grad_norm=s["grad_norm"], lr=s["lr"], loss=s["loss"],
                                 update_successful=s["update_successful"])

@@ -12,6 +12,7 @@ import torch
 from arealite.api.io_struct import FinetuneSpec
 from arealite.api.trajectory import pad_sequences_to_tensors
 from arealite.engine.ppo.actor import FSDPPPOActor
+from arealite.trainer.rollout_stats import batch_rollout_stats
 from arealite.utils.fsdp import full_state_dict, load_full_state_dict
 from tests.engine.fsdp_helpers import actor_config
 
@@ -57,6 +58,8 @@ def _step(actor, data, fused: bool) -> dict:
         d["prox_logp"] = actor.compute_logp(d)
     actor.compute_advantages(d)
     st = actor.ppo_update(d)
+    if fused:  # the update's own forward gave every row's proximal logprobs
+        assert d["prox_forwarded"].all()
     return {"stats": st, "prox": d["prox_logp"]}
 
 
@@ -113,6 +116,14 @@ def test_only_stale_rows_are_recomputed(tiny_model_dir):
     for b in range(8):
         want = data["logprobs"][b] if b % 2 == 0 else full[b]
         assert float((data["prox_logp"][b] - want)[lm[b]].abs().max()) < TOL, b
+    assert data["prox_forwarded"].tolist() == [b % 2 == 1 for b in range(8)]
+    # the even rows are of the trainer's version but their prox_logp is a copy: no agreement
+    # figure from them (it would read 0 whatever the server computed)
+    assert "logprob_agreement/n_tokens" not in batch_rollout_stats(data, None, 4, 1.0)
+    data["prox_forwarded"][0] = True  # were row 0 forwarded, its tokens would count
+    got = batch_rollout_stats(data, None, 4, 1.0)
+    assert got["logprob_agreement/n_tokens"] == float(lm[0].sum())
+    data["prox_forwarded"][0] = False
     actor.compute_advantages(data)
     actor.ppo_update(data)
     with pytest.raises(KeyError, match="prox_logp"):  # two minibatches cannot fuse
