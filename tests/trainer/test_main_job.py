@@ -56,7 +56,7 @@ def test_short_main_job(tmp_path, toy_assets):
     assert first["logprob_agreement/max_abs_diff"] < 5e-5
     assert abs(first["approx_kl/avg"]) < 1e-6
 
-    # Learning: greedy held-out accuracy rises (0.38 after SFT; 0.5-0.7 here during development)
+    # Learning: greedy held-out accuracy rises (0.535 after SFT, 0.585 and 0.665 at steps 45, 90)
     # and the sampled training reward of the last third beats the first third.
     evals = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
     assert len(evals) >= 2 and evals[-1] > evals[0] + 0.1, evals
