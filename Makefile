@@ -79,7 +79,7 @@ run-agent: $(STAMP)
 	$(VENV)/bin/arealite agent-job
 
 test: $(STAMP) $(AREAL_STAMP) $(VLLM_STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=30
 
 # The Slurm templates on a real one-node Slurm (root: installs and starts slurmctld, slurmd and
 # munge; deploy/slurm/local_cluster.sh), stopped again afterwards. Not part of `make test`.
