@@ -39,7 +39,10 @@ pytestmark = [
 def vllm_pool(tiny_model_dir):
     # --enforce-eager: no torch.compile warm-up (about 20 s of each start on 2 cores); these
     # tests are about the protocol, tests/trainer/test_vllm_grpo.py runs the launcher's flags
-    servers = VLLMServers(tiny_model_dir, 2, extra_args=("--enforce-eager",))
+    # --weight-transfer-config: vLLM's NCCL transfer engine, whose routes the native-transfer
+    # tests call (on CPU they check payloads; the NCCL group itself needs GPUs)
+    servers = VLLMServers(tiny_model_dir, 2, extra_args=(
+        "--enforce-eager", "--weight-transfer-config", '{"backend": "nccl"}'))
     try:
         servers.start()
         yield servers
@@ -134,6 +137,87 @@ def test_tied_embeddings_update_is_refused_before_pausing(vllm_pool, tmp_path):
         with pytest.raises(WeightUpdateError, match="tie_word_embeddings"):
             eng.update_weights(meta).result(30)
         assert eng.get_version() == 1 and eng.pool.healthy_addrs() == vllm_pool.addrs
+    finally:
+        eng.destroy()
+
+
+def _post(addr: str, path: str, body) -> tuple[int, str]:
+    import json
+    import urllib.error
+    import urllib.request
+
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(f"http://{addr}{path}", data=data, method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_native_transfer_payloads_pass_vllms_own_parsers(vllm_pool, tiny_model_dir):
+    """The client's native-transfer bodies against real vLLM on CPU, where each call runs as
+    far as it can without CUDA: the init body passes ``NCCLWeightTransferInitInfo`` and fails
+    only at the accelerator; the update body passes ``NCCLWeightTransferUpdateInfo`` and fails
+    only because no NCCL group exists; start and finish run, and finish labels the version.
+    (The transfer itself needs GPUs: docs/weight_updates.md says how to run it there.)"""
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    from arealite.engine.weight_upload import param_specs
+    from arealite.rollout import vllm_transfer as vt
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    meta = WeightUpdateMeta.broadcast(5, param_specs(model, 1.0), master_port=1)
+    addr = vllm_pool.addrs[0]
+    before = json.loads(urllib_get(addr, "/weight_info"))["weight_version"]
+    code, text = _post(addr, vt.INIT, vt.init_payload(meta, 1, 2))
+    assert code == 500 and "Cannot access accelerator device" in text, text
+    assert _post(addr, vt.START, None)[0] == 200
+    code, text = _post(addr, vt.UPDATE, vt.update_payload(meta.param_specs))
+    assert code == 500 and "NCCL weight transfer not initialized" in text, text
+    # a failed receive ends vLLM's update session: a new one, then finish with a version
+    assert _post(addr, vt.START, None)[0] == 200
+    assert _post(addr, vt.FINISH, vt.finish_payload(5))[0] == 200
+    assert json.loads(urllib_get(addr, "/weight_info"))["weight_version"] == "5"
+    assert _post(addr, "/update_weight_version", {"new_version": before})[0] == 200
+    # a misspelt field is what vLLM's parser rejects (so the checks above are not vacuous)
+    _post(addr, vt.START, None)
+    code, text = _post(addr, vt.UPDATE, {"update_info": {"names": [], "dtypes": [], "shapes": []}})
+    assert code == 500 and "Invalid update_info" in text, text
+
+
+def urllib_get(addr: str, path: str) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://{addr}{path}", timeout=30) as r:
+        return r.read().decode()
+
+
+def test_native_transfer_on_cpu_servers_is_one_clear_error(vllm_pool, tiny_model_dir):
+    """``weight_update.type=distributed`` driven against vLLM servers on CPU: the client makes
+    vLLM's calls (``/get_world_size``, pause, ``/init_weight_transfer_engine`` at each server's
+    rank offset), the init fails at the missing accelerator, and the error names
+    ``weight_update.type=disk``; the servers are resumed, not left paused."""
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    from arealite.engine.weight_upload import param_specs
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    meta = WeightUpdateMeta.broadcast(2, param_specs(model, 1.0), master_port=1)
+    eng = make_engine(vllm_pool.addrs)
+    try:
+        with pytest.raises(WeightUpdateError, match="weight_update.type=disk") as ei:
+            eng.update_weights(meta).result(60)
+        assert "Cannot access accelerator device" in str(ei.value)
+        assert meta.receiver == "vllm" and meta.world_size == 3 and meta.backend == "nccl"
+        assert meta.abort_reason  # the trainer's send stops waiting for the group
+        for a in vllm_pool.addrs:
+            assert json.loads(urllib_get(a, "/is_paused"))["is_paused"] is False
     finally:
         eng.destroy()
 
