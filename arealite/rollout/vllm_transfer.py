@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -111,14 +112,14 @@ class VLLMTransfer:
                 failed.setdefault(a, f"{WORLD_SIZE}: {why}")
         if not members:
             raise WeightUpdateError(f"no vLLM server answers {WORLD_SIZE}: "
-                             + "; ".join(f"{a}: {r}" for a, r in failed.items()))
+                                    + "; ".join(f"{a}: {r}" for a, r in failed.items()))
         offsets, nxt = {}, 1  # the trainer is rank 0
         for a, n in members:
             offsets[a], nxt = nxt, nxt + n
         key = (meta.master_address, int(meta.master_port), nxt, meta.bucket_bytes)
         if meta.world_size is not None and meta.world_size != nxt:
-            raise WeightUpdateError(f"meta.world_size={meta.world_size} but the vLLM servers need {nxt} "
-                             "(1 + sum of their /get_world_size)")
+            raise WeightUpdateError(f"meta.world_size={meta.world_size} but the vLLM servers "
+                                    f"need {nxt} (1 + sum of their /get_world_size)")
         if self.ready and (key != self.key or offsets != self.offsets):
             logger.warning("vLLM weight transfer: members %s -> %s; joining a new group",
                            sorted(self.offsets), sorted(offsets))
@@ -137,33 +138,50 @@ class VLLMTransfer:
         if set(alive) != set(self.offsets):
             self.ready = False
             raise WeightUpdateError("vLLM servers dropped out before the transfer: "
-                             + "; ".join(f"{a}: {r}" for a, r in failed.items()))
+                                    + "; ".join(f"{a}: {r}" for a, r in failed.items()))
         if not self.ready:
-            reasons = await asyncio.gather(*(
-                sync._post(session, a, INIT, init_payload(meta, self.offsets[a], self.world_size),
-                           timeout, headers=sync.admin_headers) for a in alive))
-            bad = {a: r for a, r in zip(alive, reasons) if r is not None}
+            bad = await self._fan(sync, session, alive, INIT, lambda a: init_payload(
+                meta, self.offsets[a], self.world_size), timeout)
             if bad:
                 failed.update(bad)
                 raise WeightUpdateError(f"{INIT} failed ({HINT}): "
-                                 + "; ".join(f"{a}: {r}" for a, r in bad.items()))
+                                        + "; ".join(f"{a}: {r}" for a, r in bad.items()))
             self.ready = True
             sync.group = self.key  # what the servers hold now (destroy_group frees it)
         for path, payload in ((START, None), (UPDATE, update_payload(meta.param_specs)),
                               (FINISH, finish_payload(meta.version))):
-            members = alive
-            alive = await sync.fan_out(session, members, path, payload, failed, timeout)
-            if len(alive) != len(members):
-                # a receive with a member missing cannot complete: the group is unusable
+            bad = await self._fan(sync, session, alive, path, lambda a, p=payload: p, timeout)
+            if bad:
+                # a receive with a member missing cannot complete: the group is unusable (and
+                # a server whose receive failed holds a half-loaded model: it leaves the pool)
+                failed.update(bad)
                 self.ready = False
+                sync.group = None
                 raise WeightUpdateError(f"{path} failed: " + "; ".join(
                     f"{a}: {r}" for a, r in failed.items()))
         return alive
+
+    @staticmethod
+    async def _fan(sync: WeightSync, session: aiohttp.ClientSession, addrs: list[str],
+                   path: str, payload: Callable[[str], dict[str, Any] | None],
+                   timeout: float) -> dict[str, str]:
+        """POST to every server at once; {addr: reason} of those that failed. vLLM answers a
+        failed worker call with a 500 and then closes the connection (uvicorn, after an
+        unhandled exception): ``Connection: close`` keeps the client from reusing it for the
+        next call (a ``/resume`` on a closed connection would leave the server paused)."""
+        headers = {**sync.admin_headers, "Connection": "close"}
+        reasons = await asyncio.gather(*(
+            sync._post(session, a, path, payload(a), timeout, headers=headers) for a in addrs))
+        bad = {a: r for a, r in zip(addrs, reasons) if r is not None}
+        for a, r in bad.items():
+            logger.error("weight update: %s failed %s", a, r)
+        return bad
 
     async def shutdown(self, sync: WeightSync, session: aiohttp.ClientSession,
                        addrs: list[str]) -> None:
         """Free the servers' transfer engines (404/500 of a dead or never-joined one ignored)."""
         if self.ready:
-            await sync.fan_out(session, addrs, SHUTDOWN, None, {}, min(10.0, sync.step_timeout))
+            await self._fan(sync, session, addrs, SHUTDOWN, lambda a: None,
+                            min(10.0, sync.step_timeout))
         self.ready = False
         sync.group = None

@@ -4,7 +4,8 @@ generation cut by a disk update and resumed with per-token versions, a server ki
 mid-run.
 
 The tests share one pair of servers (a cold start costs 30-60 s each; they stop with the module)
-and run in file order: the update test moves the weights, the failover test kills one last.
+and run in file order: the update test moves the weights, the failover test kills one, and the
+native-transfer update-body test (a failed receive breaks a vLLM server) runs last.
 """
 
 from __future__ import annotations
@@ -156,37 +157,37 @@ def _post(addr: str, path: str, body) -> tuple[int, str]:
         return e.code, e.read().decode()
 
 
-def test_native_transfer_payloads_pass_vllms_own_parsers(vllm_pool, tiny_model_dir):
-    """The client's native-transfer bodies against real vLLM on CPU, where each call runs as
-    far as it can without CUDA: the init body passes ``NCCLWeightTransferInitInfo`` and fails
-    only at the accelerator; the update body passes ``NCCLWeightTransferUpdateInfo`` and fails
-    only because no NCCL group exists; start and finish run, and finish labels the version.
-    (The transfer itself needs GPUs: docs/weight_updates.md says how to run it there.)"""
-    import json
-
+def _specs(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
     from arealite.engine.weight_upload import param_specs
+
+    return param_specs(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32), 1.0)
+
+
+def test_native_transfer_init_start_finish_on_real_vllm(vllm_pool, tiny_model_dir):
+    """The client's native-transfer calls against real vLLM on CPU, each as far as it runs
+    without CUDA: the init body passes vLLM's ``NCCLWeightTransferInitInfo`` and fails only at
+    the missing accelerator (a misspelt field fails in the parser: the check is not vacuous);
+    start then finish run and finish labels the version. (The transfer itself needs GPUs:
+    docs/servers.md has the command; the update body is checked last, below.)"""
+    import json
+
     from arealite.rollout import vllm_transfer as vt
 
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    meta = WeightUpdateMeta.broadcast(5, param_specs(model, 1.0), master_port=1)
+    meta = WeightUpdateMeta.broadcast(5, _specs(tiny_model_dir), master_port=1)
     addr = vllm_pool.addrs[0]
     before = json.loads(urllib_get(addr, "/weight_info"))["weight_version"]
     code, text = _post(addr, vt.INIT, vt.init_payload(meta, 1, 2))
     assert code == 500 and "Cannot access accelerator device" in text, text
-    assert _post(addr, vt.START, None)[0] == 200
-    code, text = _post(addr, vt.UPDATE, vt.update_payload(meta.param_specs))
-    assert code == 500 and "NCCL weight transfer not initialized" in text, text
-    # a failed receive ends vLLM's update session: a new one, then finish with a version
+    bad = vt.init_payload(meta, 1, 2)
+    bad["init_info"]["master_addr"] = bad["init_info"].pop("master_address")
+    code, text = _post(addr, vt.INIT, bad)
+    assert code == 500 and "Invalid init_info" in text, text
     assert _post(addr, vt.START, None)[0] == 200
     assert _post(addr, vt.FINISH, vt.finish_payload(5))[0] == 200
     assert json.loads(urllib_get(addr, "/weight_info"))["weight_version"] == "5"
     assert _post(addr, "/update_weight_version", {"new_version": before})[0] == 200
-    # a misspelt field is what vLLM's parser rejects (so the checks above are not vacuous)
-    _post(addr, vt.START, None)
-    code, text = _post(addr, vt.UPDATE, {"update_info": {"names": [], "dtypes": [], "shapes": []}})
-    assert code == 500 and "Invalid update_info" in text, text
 
 
 def urllib_get(addr: str, path: str) -> str:
@@ -203,12 +204,7 @@ def test_native_transfer_on_cpu_servers_is_one_clear_error(vllm_pool, tiny_model
     ``weight_update.type=disk``; the servers are resumed, not left paused."""
     import json
 
-    from transformers import AutoModelForCausalLM
-
-    from arealite.engine.weight_upload import param_specs
-
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    meta = WeightUpdateMeta.broadcast(2, param_specs(model, 1.0), master_port=1)
+    meta = WeightUpdateMeta.broadcast(2, _specs(tiny_model_dir), master_port=1)
     eng = make_engine(vllm_pool.addrs)
     try:
         with pytest.raises(WeightUpdateError, match="weight_update.type=disk") as ei:
@@ -245,3 +241,21 @@ def test_killed_vllm_server_loses_no_request(vllm_pool, caplog):
         assert dead in eng.pool.unhealthy_addrs()
     finally:
         eng.destroy()
+
+
+def test_native_update_body_passes_vllms_parser(vllm_pool, tiny_model_dir):
+    """Last: the ``/update_weights`` body passes vLLM's ``NCCLWeightTransferUpdateInfo`` and
+    fails only for want of an NCCL group; a misspelt field fails in the parser. A failed receive
+    leaves vLLM's model on the meta device (its next request kills the engine, which is why the
+    client takes such a server out of the pool), so this runs on the pool's last use."""
+    from arealite.rollout import vllm_transfer as vt
+
+    addr = vllm_pool.addrs[0]
+    body = vt.update_payload(_specs(tiny_model_dir))
+    assert _post(addr, vt.START, None)[0] == 200
+    code, text = _post(addr, vt.UPDATE, body)
+    assert code == 500 and "NCCL weight transfer not initialized" in text, text
+    body["update_info"]["dtypes"] = body["update_info"].pop("dtype_names")
+    assert _post(addr, vt.START, None)[0] == 200  # the failed receive ended the session
+    code, text = _post(addr, vt.UPDATE, body)
+    assert code == 500 and "Invalid update_info" in text, text
