@@ -107,6 +107,10 @@ class ModelResponse:
 LLMResponse = ModelResponse
 
 
+# Send buffers of vLLM's packed weight transfer (its default); trainer and servers must agree.
+SEND_BUFFERS = 2
+
+
 class WeightUpdateType(str, enum.Enum):
     DISK = "disk"
     DISTRIBUTED = "distributed"
@@ -162,6 +166,10 @@ class WeightUpdateMeta:
     param_specs: list[list[ParamSpec]] = field(default_factory=list)  # one list per bucket
     world_size: int | None = None  # 1 + Σ tp_size (trainer = rank 0); set by the client
     backend: str | None = None  # weight-update group backend; None: per-device default
+    # Who receives a distributed update, set by the client before ``world_size``: "sglang"
+    # (SGLang's weight-update group) or "vllm" (vLLM's NCCL weight-transfer engine, sent with
+    # vLLM's own trainer-side helpers: arealite.engine.vllm_weight_send).
+    receiver: str = "sglang"
     # Verification (docs/weight_updates.md): with ``verify`` the trainer publishes
     # ``checksums`` (name -> (dtype, 16-hex checksum) of what it sent, each tensor cast to
     # ``checksum_dtype`` when set: the dtype the servers hold) and the client compares every
@@ -197,6 +205,11 @@ class WeightUpdateMeta:
             master_address=master_address, master_port=master_port,
             bucket_size_mb=bucket_size_mb, timeout=timeout, param_specs=param_specs,
         )
+
+    @property
+    def bucket_bytes(self) -> int:
+        """``bucket_size_mb`` in bytes (vLLM's transfer: the packed chunk size both sides use)."""
+        return int(self.bucket_size_mb * 1024 * 1024)
 
     # The disk-ready marker: the one writer (the trainer) and the one reader (the client).
 

@@ -37,7 +37,8 @@ class SGLangConfig(BaseConfig):
 
 class WeightUpdateConfig(BaseConfig):
     type: Literal["disk", "distributed"] = Field(
-        "disk", description="disk: save HF files and reload; distributed: broadcast over a group."
+        "disk", description="disk: save HF files and reload; distributed: broadcast over a "
+        "group (vLLM servers: vLLM's NCCL weight transfer, GPUs only; on CPU it falls back to disk)."
     )
     bucket_size_mb: float = Field(64.0, gt=0, description="Flattened bucket size for broadcast.")
     master_address: str = Field("127.0.0.1", description="Trainer address for the broadcast group.")
@@ -60,7 +61,8 @@ class LauncherConfig(BaseConfig):
     n_servers: int = Field(1, ge=1, description="Inference servers to start.")
     server_backend: Literal["embedded", "sglang", "vllm"] = Field(
         "embedded", description="embedded: servers/ on CPU or GPU; sglang: real SGLang; vllm: "
-        "real vLLM from .venv-vllm (make setup-vllm; weight updates from disk).",
+        "real vLLM from .venv-vllm (make setup-vllm; distributed updates over vLLM's NCCL "
+        "weight transfer on GPUs, from disk on CPU).",
     )
     trainer_nproc: int = Field(1, ge=1, description="Trainer processes (torchrun --nproc-per-node).")
     mode: Literal["local", "server_only", "trainer_only"] = Field(

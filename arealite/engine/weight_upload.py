@@ -12,6 +12,9 @@ collective of the training group) and rank 0 alone issues one ``broadcast(src=0)
 bucket flattened to uint8 (``load_format="flattened_bucket"``). Every step is time-boxed by
 ``meta.timeout``; on failure rank 0 keeps joining the gathers so that the other ranks never
 hang, and all ranks raise the same ``WeightUploadError`` at the end.
+
+When the client set ``meta.receiver = "vllm"`` (vLLM servers), rank 0 instead sends over
+vLLM's own NCCL weight transfer (``vllm_weight_send``); the gathers are the same.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from arealite.api.io_struct import ParamSpec, WeightUpdateMeta
+from arealite.engine.vllm_weight_send import VLLMSender
 from arealite.utils.distributed import destroy_custom_process_group, init_custom_process_group
 from arealite.utils.fsdp import full_tensor
 from arealite.utils.weight_checksum import dtype_name, tensor_checksum
@@ -70,7 +74,8 @@ def _check_abort(meta: WeightUpdateMeta) -> None:
         raise WeightUploadError(f"the client gave up on this update: {meta.abort_reason}")
 
 
-def _abortable(meta: WeightUpdateMeta, deadline: float, join: Callable[[], T]) -> T:
+def _abortable(meta: WeightUpdateMeta, deadline: float, join: Callable[[], T],
+               free: Callable[[Any], None] = destroy_custom_process_group) -> T:
     """``join()`` (a rendezvous that blocks until every rank came, up to its own timeout) on
     a daemon thread, given up when the client sets ``meta.abort_reason``: a server that died
     before joining never comes, and the client knows it long before the timeout. A given-up
@@ -86,7 +91,7 @@ def _abortable(meta: WeightUpdateMeta, deadline: float, join: Callable[[], T]) -
             out, box["err"] = None, e
         with lock:
             if box.get("abandoned"):
-                destroy_custom_process_group(out)
+                free(out)
                 return
             box["out"] = out
             done.set()
@@ -139,8 +144,10 @@ class DistributedUploader:
         self.pg: dist.ProcessGroup | None = None
         self.key: tuple | None = None
         self._bufs: list[torch.Tensor | None] = [None, None]
+        self.vllm = VLLMSender(device)  # meta.receiver == "vllm": vLLM's transfer engine
 
     def close(self) -> None:
+        self.vllm.close()
         destroy_custom_process_group(self.pg)
         self.pg, self.key = None, None
         self._bufs = [None, None]
@@ -238,10 +245,14 @@ class DistributedUploader:
         t0 = time.monotonic()
         deadline = t0 + meta.timeout
         err: BaseException | None = None
-        pg = None
+        pg = send = None
         if is_rank0:
             try:
-                pg = self._group(meta, deadline)
+                self._wait_world_size(meta, deadline)  # the client then has set meta.receiver
+                if meta.receiver == "vllm":
+                    send = self.vllm.start(meta, deadline, _abortable)
+                else:
+                    pg = self._group(meta, deadline)
             except Exception as e:  # noqa: BLE001 - reported after the collectives below
                 err = _detached(e)
         pending: list = [None, None]
@@ -269,6 +280,12 @@ class DistributedUploader:
             parts = [_gather(p) for p, _, _, _ in items]
             if not is_rank0 or err is not None:
                 continue
+            if send is not None:
+                try:
+                    send.put(names[i], parts, deadline)
+                except Exception as e:  # noqa: BLE001
+                    err = _detached(e)
+                continue
             try:
                 k = i % 2
                 wait(k)
@@ -287,8 +304,11 @@ class DistributedUploader:
                 err = _detached(e)
         if is_rank0 and err is None:
             try:
-                wait(0)
-                wait(1)
+                if send is not None:
+                    send.finish(deadline)
+                else:
+                    wait(0)
+                    wait(1)
             except Exception as e:  # noqa: BLE001
                 err = _detached(e)
         if is_rank0 and err is None and meta.verify:
@@ -298,7 +318,7 @@ class DistributedUploader:
             # pending sends hold one) so its sockets close now: a live server blocked in a
             # receive from us then fails at once instead of waiting out its group timeout.
             pending[:] = [None, None]
-            pg = None
+            pg = send = None
             self.close()
             gc.collect()
         failed = torch.tensor([1 if err is not None else 0], device=self._default_device())

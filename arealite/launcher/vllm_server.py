@@ -6,7 +6,8 @@ transformers): ``AREALITE_VLLM_PYTHON`` when set, else ``.venv-vllm/bin/python``
 checkout, else this interpreter (a GPU host with ``vllm`` installed beside arealite). The
 ``sglang.*`` fields map onto vLLM's flags (``context_length`` -> ``--max-model-len``,
 ``mem_fraction_static`` -> ``--gpu-memory-utilization`` ...); flags checked against vLLM 0.32's
-``vllm serve`` arguments. ``VLLM_SERVER_DEV_MODE=1`` serves the pause/resume/reload endpoints
+``vllm serve`` arguments. On GPUs ``--weight-transfer-config {"backend": "nccl"}`` lets the
+trainer broadcast updates (``arealite.rollout.vllm_transfer``). ``VLLM_SERVER_DEV_MODE=1`` serves the pause/resume/reload endpoints
 and ``--enable-scale-out`` the token-in/token-out ``/inference/v1/generate`` the client uses.
 """
 
@@ -78,6 +79,8 @@ def vllm_command(
         cmd += ["--tensor-parallel-size", str(sg.tp_size)]
     if api_key:
         cmd += ["--api-key", api_key]
+    if not on_cpu:  # vLLM's NCCL weight-transfer engine (weight_update.type=distributed)
+        cmd += ["--weight-transfer-config", json.dumps({"backend": "nccl"})]
     cmd += list(sg.extra_args)
     env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_LOGGING_LEVEL": sg.log_level.upper()}
     if on_cpu:  # the OS places the threads: vLLM's own binding puts every server on core 0

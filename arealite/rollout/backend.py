@@ -13,6 +13,7 @@ version report), which ``WeightSync``, the health probe and the weight verifier 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -47,6 +48,9 @@ class GenerateProtocol(Protocol):
     update_session_paths: tuple[str, str] | None  # begin/end of an update (404 tolerated)
     required_endpoints: tuple[tuple[str, str], ...]  # (method, path) probed at start-up
     supports_broadcast: bool  # SGLang's /init_weights_update_group protocol
+    # a distributed update over the backend's own transfer API: a factory of the client's
+    # per-WeightSync half (vllm_transfer.VLLMTransfer), or None (SGLang's group, if supported)
+    native_transfer: Callable[[], Any] | None
     weight_checksums: bool  # /weights_checker answers hashes comparable with the trainer's
 
     def pause_call(self, mode: str) -> tuple[str, dict[str, Any] | None]:

@@ -23,14 +23,17 @@ def protocol_for(server_backend: str) -> GenerateProtocol:
                          f"{sorted(PROTOCOLS)}") from None
 
 
-def weight_update_for(wu: WeightUpdateConfig, protocol: GenerateProtocol) -> WeightUpdateConfig:
-    """``wu``, with broadcast replaced by disk updates for a backend that cannot take SGLang's
-    broadcast (vLLM: its own transfer engine is a different protocol), and verification off
-    where the servers' checksums cannot be compared; each logged, since the config asked
+def weight_update_for(wu: WeightUpdateConfig, protocol: GenerateProtocol,
+                      servers_on_gpu: bool = False) -> WeightUpdateConfig:
+    """``wu``, with broadcast replaced by disk updates where the backend cannot receive one
+    (vLLM's native weight transfer runs over NCCL: on CPU servers it cannot), and verification
+    off where the servers' checksums cannot be compared; each logged, since the config asked
     otherwise."""
-    if wu.type == "distributed" and not protocol.supports_broadcast:
-        logger.warning("weight_update.type=distributed: %s servers do not speak SGLang's "
-                       "broadcast protocol; updating from disk instead", protocol.name)
+    if wu.type == "distributed" and not protocol.supports_broadcast and not (
+            servers_on_gpu and protocol.native_transfer is not None):
+        logger.warning("weight_update.type=distributed: %s servers on CPU cannot receive a "
+                       "broadcast (vLLM's native weight transfer needs GPUs); updating from "
+                       "disk instead", protocol.name)
         wu = wu.model_copy(update={"type": "disk"})
     if wu.verify and not protocol.weight_checksums:
         logger.warning("weight_update.verify: %s servers hash weights their own way (not "

@@ -263,6 +263,7 @@ class SGLangProtocol:
     required_endpoints: tuple[tuple[str, str], ...] = ()
     weight_checksums = True  # /weights_checker hashes comparable with the trainer's
     supports_broadcast = True
+    native_transfer = None  # broadcasts go over SGLang's own group calls
 
     @staticmethod
     def pause_call(mode: str) -> tuple[str, dict[str, Any] | None]:

@@ -34,6 +34,7 @@ from arealite.api.config import GenerationHyperparameters
 from arealite.api.io_struct import token_ids_json
 from arealite.rollout.backend import ProtocolError, Segment
 from arealite.rollout.sglang_protocol import token_versions
+from arealite.rollout.vllm_transfer import VLLMTransfer
 
 # SGLang pause modes -> vLLM's: "in_place" keeps requests in the batch (vLLM "keep");
 # "retract" recomputes their KV cache after the update, as the client's resubmission of an
@@ -154,6 +155,7 @@ class VLLMProtocol:
     required_endpoints = REQUIRED_ENDPOINTS
     weight_checksums = False  # /weights_checker hashes comparable with the trainer's
     supports_broadcast = False  # vLLM's weight transfer engine is not SGLang's group protocol
+    native_transfer = VLLMTransfer  # distributed updates: vLLM's NCCL weight-transfer API
 
     @staticmethod
     def pause_call(mode: str) -> tuple[str, dict[str, Any] | None]:

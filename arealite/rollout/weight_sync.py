@@ -122,6 +122,9 @@ class WeightSync:
         self.wire_name: str | None = None
         self._groups_built = 0
         self._key: tuple[str, int, str] | None = None  # the group the current update wants
+        # the backend's own transfer API in place of SGLang's group calls (vLLM's), or None
+        native = getattr(protocol, "native_transfer", None)
+        self.native = native() if native else None
 
     async def fan_out(
         self,
@@ -201,6 +204,9 @@ class WeightSync:
             if meta.type == WeightUpdateType.DISK:
                 await self.wait_disk_ready(meta, timeout)
                 calls = self.disk_calls(meta)  # before pausing: a model it cannot load raises
+            elif self.native is not None:
+                addrs = await self.native.prepare(self, session, addrs, meta, timeout, failed)
+                calls = []
             else:
                 if not proto.supports_broadcast:
                     raise WeightUpdateError(
@@ -253,6 +259,8 @@ class WeightSync:
             for path, payload in calls:  # in order, each on every server still alive
                 alive = await self.fan_out(session, alive, path, payload, failed, timeout)
             return alive
+        if self.native is not None:
+            return await self.native.transfer(self, session, alive, meta, failed, timeout)
         return await self._distributed(session, alive, meta, failed, timeout)
 
     def disk_calls(self, meta: WeightUpdateMeta, abort_all: bool = False) -> list:
@@ -411,6 +419,9 @@ class WeightSync:
 
     async def destroy_group(self, session: aiohttp.ClientSession, addrs: list[str]) -> None:
         if self.group is None:
+            return
+        if self.native is not None:
+            await self.native.shutdown(self, session, addrs)
             return
         await self.fan_out(
             session, addrs, "/destroy_weights_update_group", {"group_name": self.wire_name},

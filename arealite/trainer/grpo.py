@@ -23,6 +23,7 @@ from arealite.api.io_struct import FinetuneSpec, SaveLoadMeta
 from arealite.api.workflow_factory import build_workflow
 from arealite.dataset.loader import create_dataloader, load_rows
 from arealite.engine.ppo.actor import FSDPPPOActor
+from arealite.launcher.vllm_server import on_cpu
 from arealite.rollout.data_cycle import DataCycle
 from arealite.rollout.dynamic_sampling import GroupRewardFilter, rollout_full_batch
 from arealite.rollout.protocols import protocol_for, weight_update_for
@@ -86,7 +87,10 @@ def main(argv: list[str] | None = None) -> int:
                               eval_fn, {"tokenizer": tokenizer, "version": version, "config": config}, rank == 0)
 
     # Weight updates: a disk folder per version, or one broadcast group for the whole run.
-    wu, weights_dir = weight_update_for(config.weight_update, protocol), config.run_dir("weights")
+    # (from the config alone: this process's CUDA_VISIBLE_DEVICES names the trainer's GPUs)
+    on_gpu = not on_cpu(config.sglang.device, config.launcher.gpus_per_server, {})
+    wu = weight_update_for(config.weight_update, protocol, on_gpu)
+    weights_dir = config.run_dir("weights")
     port = [wu.master_port or (find_free_port() if rank == 0 else 0)]
     if dist.is_initialized() and wu.type == "distributed":
         dist.broadcast_object_list(port, src=0)

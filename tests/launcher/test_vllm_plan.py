@@ -48,6 +48,11 @@ def test_gpu_servers_keep_vllms_memory_default(tmp_path):
     (spec,) = plan.server_specs(cfg, [11], environ={})
     assert "--gpu-memory-utilization" not in spec.cmd and "VLLM_CPU_OMP_THREADS_BIND" not in spec.env
     assert spec.env["CUDA_VISIBLE_DEVICES"] == "0"
+    # GPU servers take distributed updates over vLLM's NCCL weight transfer; CPU ones cannot
+    at = spec.cmd.index("--weight-transfer-config")
+    assert json.loads(spec.cmd[at + 1]) == {"backend": "nccl"}
+    (cpu,) = plan.server_specs(_grpo(_model(tmp_path)), [11], environ={})
+    assert "--weight-transfer-config" not in cpu.cmd
 
 
 @pytest.mark.parametrize("cfg, why", [

@@ -4,7 +4,8 @@ generation cut by a disk update and resumed with per-token versions, a server ki
 mid-run.
 
 The tests share one pair of servers (a cold start costs 30-60 s each; they stop with the module)
-and run in file order: the update test moves the weights, the failover test kills one last.
+and run in file order: the update test moves the weights, the failover test kills one, and the
+native-transfer update-body test (a failed receive breaks a vLLM server) runs last.
 """
 
 from __future__ import annotations
@@ -39,7 +40,10 @@ pytestmark = [
 def vllm_pool(tiny_model_dir):
     # --enforce-eager: no torch.compile warm-up (about 20 s of each start on 2 cores); these
     # tests are about the protocol, tests/trainer/test_vllm_grpo.py runs the launcher's flags
-    servers = VLLMServers(tiny_model_dir, 2, extra_args=("--enforce-eager",))
+    # --weight-transfer-config: vLLM's NCCL transfer engine, whose routes the native-transfer
+    # tests call (on CPU they check payloads; the NCCL group itself needs GPUs)
+    servers = VLLMServers(tiny_model_dir, 2, extra_args=(
+        "--enforce-eager", "--weight-transfer-config", '{"backend": "nccl"}'))
     try:
         servers.start()
         yield servers
@@ -138,6 +142,82 @@ def test_tied_embeddings_update_is_refused_before_pausing(vllm_pool, tmp_path):
         eng.destroy()
 
 
+def _post(addr: str, path: str, body) -> tuple[int, str]:
+    import json
+    import urllib.error
+    import urllib.request
+
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(f"http://{addr}{path}", data=data, method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def _specs(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    from arealite.engine.weight_upload import param_specs
+
+    return param_specs(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32), 1.0)
+
+
+def test_native_transfer_init_start_finish_on_real_vllm(vllm_pool, tiny_model_dir):
+    """The client's native-transfer calls against real vLLM on CPU, each as far as it runs
+    without CUDA: the init body passes vLLM's ``NCCLWeightTransferInitInfo`` and fails only at
+    the missing accelerator (a misspelt field fails in the parser: the check is not vacuous);
+    start then finish run and finish labels the version. (The transfer itself needs GPUs:
+    docs/servers.md has the command; the update body is checked last, below.)"""
+    import json
+
+    from arealite.rollout import vllm_transfer as vt
+
+    meta = WeightUpdateMeta.broadcast(5, _specs(tiny_model_dir), master_port=1)
+    addr = vllm_pool.addrs[0]
+    before = json.loads(urllib_get(addr, "/weight_info"))["weight_version"]
+    code, text = _post(addr, vt.INIT, vt.init_payload(meta, 1, 2))
+    assert code == 500 and "Cannot access accelerator device" in text, text
+    bad = vt.init_payload(meta, 1, 2)
+    bad["init_info"]["master_addr"] = bad["init_info"].pop("master_address")
+    code, text = _post(addr, vt.INIT, bad)
+    assert code == 500 and "Invalid init_info" in text, text
+    assert _post(addr, vt.START, None)[0] == 200
+    assert _post(addr, vt.FINISH, vt.finish_payload(5))[0] == 200
+    assert json.loads(urllib_get(addr, "/weight_info"))["weight_version"] == "5"
+    assert _post(addr, "/update_weight_version", {"new_version": before})[0] == 200
+
+
+def urllib_get(addr: str, path: str) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://{addr}{path}", timeout=30) as r:
+        return r.read().decode()
+
+
+def test_native_transfer_on_cpu_servers_is_one_clear_error(vllm_pool, tiny_model_dir):
+    """``weight_update.type=distributed`` driven against vLLM servers on CPU: the client makes
+    vLLM's calls (``/get_world_size``, pause, ``/init_weight_transfer_engine`` at each server's
+    rank offset), the init fails at the missing accelerator, and the error names
+    ``weight_update.type=disk``; the servers are resumed, not left paused."""
+    import json
+
+    meta = WeightUpdateMeta.broadcast(2, _specs(tiny_model_dir), master_port=1)
+    eng = make_engine(vllm_pool.addrs)
+    try:
+        with pytest.raises(WeightUpdateError, match="weight_update.type=disk") as ei:
+            eng.update_weights(meta).result(60)
+        assert "Cannot access accelerator device" in str(ei.value)
+        assert meta.receiver == "vllm" and meta.world_size == 3 and meta.backend == "nccl"
+        assert meta.abort_reason  # the trainer's send stops waiting for the group
+        for a in vllm_pool.addrs:
+            assert json.loads(urllib_get(a, "/is_paused"))["is_paused"] is False
+    finally:
+        eng.destroy()
+
+
 def test_killed_vllm_server_loses_no_request(vllm_pool, caplog):
     eng = make_engine(vllm_pool.addrs, sticky_rids=False, unhealthy_after_failures=1,
                       health_check_interval=0.5, request_retries=3)
@@ -161,3 +241,21 @@ def test_killed_vllm_server_loses_no_request(vllm_pool, caplog):
         assert dead in eng.pool.unhealthy_addrs()
     finally:
         eng.destroy()
+
+
+def test_native_update_body_passes_vllms_parser(vllm_pool, tiny_model_dir):
+    """Last: the ``/update_weights`` body passes vLLM's ``NCCLWeightTransferUpdateInfo`` and
+    fails only for want of an NCCL group; a misspelt field fails in the parser. A failed receive
+    leaves vLLM's model on the meta device (its next request kills the engine, which is why the
+    client takes such a server out of the pool), so this runs on the pool's last use."""
+    from arealite.rollout import vllm_transfer as vt
+
+    addr = vllm_pool.addrs[0]
+    body = vt.update_payload(_specs(tiny_model_dir))
+    assert _post(addr, vt.START, None)[0] == 200
+    code, text = _post(addr, vt.UPDATE, body)
+    assert code == 500 and "NCCL weight transfer not initialized" in text, text
+    body["update_info"]["dtypes"] = body["update_info"].pop("dtype_names")
+    assert _post(addr, vt.START, None)[0] == 200  # the failed receive ended the session
+    code, text = _post(addr, vt.UPDATE, body)
+    assert code == 500 and "Invalid update_info" in text, text
