@@ -110,6 +110,7 @@ LLMResponse = ModelResponse
 class WeightUpdateType(str, enum.Enum):
     DISK = "disk"
     DISTRIBUTED = "distributed"
+    TENSOR = "tensor"  # same host: /update_weights_from_tensor by shared-memory / IPC reference
 
 
 @dataclass
@@ -173,6 +174,12 @@ class WeightUpdateMeta:
     # during the transfer): the trainer's upload stops waiting for peers that will never come
     # and fails at once, instead of waiting out ``timeout`` (push_weights then retries).
     abort_reason: str | None = None
+    # Tensor updates (same host, docs/weight_updates.md): the client publishes ``targets``
+    # (servers paused and waiting for the push) once they are ready; trainer rank r sends to
+    # ``targets[i]`` for every i with i % world_size == r, then rank 0 publishes
+    # ``target_failures`` (server -> reason; empty when every push landed), which ends the wait.
+    targets: list[str] | None = None
+    target_failures: dict[str, str] | None = None
 
     def __post_init__(self) -> None:
         self.type = WeightUpdateType(self.type)
@@ -197,6 +204,14 @@ class WeightUpdateMeta:
             master_address=master_address, master_port=master_port,
             bucket_size_mb=bucket_size_mb, timeout=timeout, param_specs=param_specs,
         )
+
+    @classmethod
+    def tensor(cls, version: int, bucket_size_mb: float = 64.0, timeout: float = 600.0
+               ) -> WeightUpdateMeta:
+        """A same-host update to ``version`` through ``/update_weights_from_tensor``, in buckets
+        of ``bucket_size_mb``, every bucket staged and the last one applying them all."""
+        return cls(WeightUpdateType.TENSOR, version, bucket_size_mb=bucket_size_mb,
+                   timeout=timeout)
 
     # The disk-ready marker: the one writer (the trainer) and the one reader (the client).
 

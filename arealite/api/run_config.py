@@ -36,10 +36,14 @@ class SGLangConfig(BaseConfig):
 
 
 class WeightUpdateConfig(BaseConfig):
-    type: Literal["disk", "distributed"] = Field(
-        "disk", description="disk: save HF files and reload; distributed: broadcast over a group."
+    type: Literal["disk", "distributed", "tensor"] = Field(
+        "disk", description="disk: save HF files and reload; distributed: broadcast over a group; "
+        "tensor: servers on the trainer's host get /update_weights_from_tensor by shared-memory "
+        "(CUDA IPC on GPUs) reference, each trainer rank pushing to its own servers "
+        "(docs/weight_updates.md).",
     )
-    bucket_size_mb: float = Field(64.0, gt=0, description="Flattened bucket size for broadcast.")
+    bucket_size_mb: float = Field(64.0, gt=0, description="Bucket size (MiB) of a broadcast or "
+                                  "tensor update.")
     master_address: str = Field("127.0.0.1", description="Trainer address for the broadcast group.")
     master_port: int | None = Field(None, ge=1, le=65535, description="None picks a free port.")
     group_name: str = Field("weight_update_group", description="Broadcast group name.")
