@@ -91,6 +91,13 @@ class LauncherConfig(BaseConfig):
         description="Servers that may die after start-up before the run is stopped "
         "(the client routes around dead servers); 0 stops at the first.",
     )
+    colocate: bool = Field(
+        False, description="Co-located mode: one server per trainer rank on the trainer's host "
+        "(the same GPU on GPUs), taking turns with its memory: generate -> release servers -> "
+        "train -> resume -> push by shared memory. Implies async_training=false, "
+        "weight_update.type=tensor (unless disk) and n_servers=trainer_nproc "
+        "(docs/weight_updates.md#co-located-mode).",
+    )
     ray: RayLauncherConfig = Field(default_factory=RayLauncherConfig,
                                    description="Placement on a Ray cluster (arealite.launcher.ray).")
 

@@ -17,10 +17,7 @@ Rank 0 hashes what it sent (``meta.checksums``, when ``meta.verify``) and publis
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.error
-import urllib.request
 
 import torch
 import torch.distributed as dist
@@ -29,6 +26,7 @@ from torch import nn
 from arealite.api.io_struct import WeightUpdateMeta
 from arealite.engine.weight_upload import WeightUploadError, _check_abort, _gather, param_specs
 from arealite.utils.shared_tensors import serialize_named_tensors
+from arealite.utils.sync_http import admin_headers, post_json
 from arealite.utils.weight_checksum import dtype_name, tensor_checksum
 
 
@@ -42,21 +40,12 @@ def _wait_targets(meta: WeightUpdateMeta, deadline: float) -> list[str]:
     return list(meta.targets)
 
 
-def post_tensors(addr: str, body: dict, timeout: float, headers: dict | None = None) -> str | None:
-    """POST one ``/update_weights_from_tensor``; None on success, else the reason."""
-    req = urllib.request.Request(
-        f"http://{addr}/update_weights_from_tensor", data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json", **(headers or {})}, method="POST")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            out = json.loads(r.read() or b"null")
-    except urllib.error.HTTPError as e:
-        return f"HTTP {e.code}: {e.read().decode(errors='replace')[:300]}"
-    except Exception as e:  # noqa: BLE001 - connection refused, timeout: reported per server
-        return f"{type(e).__name__}: {e}"
-    if not (isinstance(out, dict) and out.get("success")):
-        return f"refused: {out}"
-    return None
+def post_tensors(addr: str, body: dict, timeout: float, headers: dict | None) -> str | None:
+    """One ``/update_weights_from_tensor``; None on success, else the reason."""
+    out, reason = post_json(addr, "/update_weights_from_tensor", body, timeout, headers)
+    if reason is None and not (isinstance(out, dict) and out.get("success")):
+        reason = f"refused: {out}"
+    return reason
 
 
 def upload_by_reference(model: nn.Module, meta: WeightUpdateMeta, rank: int, world: int,
@@ -65,6 +54,7 @@ def upload_by_reference(model: nn.Module, meta: WeightUpdateMeta, rank: int, wor
     """Push every parameter to this rank's servers (collective over ``group``). Returns seconds."""
     t0 = time.monotonic()
     deadline = t0 + meta.timeout
+    headers = admin_headers() if headers is None else headers
     err: str | None = None
     box: list = [None]
     if rank == 0:

@@ -28,9 +28,9 @@ def weight_update_for(wu: WeightUpdateConfig, protocol: GenerateProtocol) -> Wei
     broadcast (vLLM: its own transfer engine is a different protocol), and verification off
     where the servers' checksums cannot be compared; each logged, since the config asked
     otherwise."""
-    if wu.type == "distributed" and not protocol.supports_broadcast:
-        logger.warning("weight_update.type=distributed: %s servers do not speak SGLang's "
-                       "broadcast protocol; updating from disk instead", protocol.name)
+    if wu.type in ("distributed", "tensor") and not protocol.supports_broadcast:
+        logger.warning("weight_update.type=%s: %s servers do not speak SGLang's weight-update "
+                       "protocol; updating from disk instead", wu.type, protocol.name)
         wu = wu.model_copy(update={"type": "disk"})
     if wu.verify and not protocol.weight_checksums:
         logger.warning("weight_update.verify: %s servers hash weights their own way (not "
