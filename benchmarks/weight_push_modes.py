@@ -38,14 +38,6 @@ SIZE = (768, 8, 2048)  # hidden, layers, intermediate: ~225 MB in fp32
 QUICK_SIZE = (512, 4, 1536)
 
 
-def rss_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def memcpy_seconds(nbytes: int) -> float:
     src = torch.empty(nbytes, dtype=torch.uint8).random_()
     dst = torch.empty_like(src)
@@ -69,6 +61,7 @@ def main() -> None:
     from arealite.engine.fsdp_engine import FSDPEngine
     from arealite.engine.tensor_upload import upload_by_reference
     from arealite.rollout.remote_engine import RemoteSGLangEngine
+    from arealite.utils.memory import rss_mib
     from arealite.utils.network import LOOPBACK, find_free_port, wait_http_ok
     from arealite.utils.sync_http import post_json
     from benchmarks.weight_sync import build_model

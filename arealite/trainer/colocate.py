@@ -26,19 +26,12 @@ import torch
 
 from arealite.engine.offload import move_to
 from arealite.utils import stats_tracker
+from arealite.utils.memory import host_available_bytes
 from arealite.utils.sync_http import admin_headers, post_json
 
 logger = logging.getLogger("arealite.trainer.colocate")
 
 SERVER_TAGS = ["weights", "kv_cache"]
-
-
-def host_available_bytes() -> int:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 def _device_free_bytes(device: torch.device) -> int:

@@ -59,18 +59,29 @@ def _train_step(actor: FSDPPPOActor, seed: int) -> None:
     actor.ppo_update(data)
 
 
-@pytest.mark.timeout(300)
-def test_disk_then_distributed_updates_reach_the_server(tiny_model_dir, tmp_path):
-    from arealite.rollout.remote_engine import RemoteSGLangEngine
-
+def _trained_actor(tiny_model_dir) -> tuple[FSDPPPOActor, list[int]]:
+    """An actor with an optimizer, and a fixed 14-token sequence to compare logprobs on."""
     actor = FSDPPPOActor(actor_config(tiny_model_dir, recompute_logprob=False,
                                       use_decoupled_loss=False), device="cpu", backend="gloo")
     actor.initialize(ft_spec=FinetuneSpec(total_train_epochs=1, dataset_size=8, train_batch_size=1))
     ids = [int(t) for t in random_trajectories(1, seed=7, min_len=14, max_len=14)["input_ids"][0]]
+    return actor, ids
+
+
+def _client(addr: str):
+    from arealite.rollout.remote_engine import RemoteSGLangEngine
+
+    client = RemoteSGLangEngine(InferenceEngineConfig(
+        server_addrs=[addr], setup_timeout=60, weight_update_timeout=60))
+    client.initialize()
+    return client
+
+
+@pytest.mark.timeout(300)
+def test_disk_then_distributed_updates_reach_the_server(tiny_model_dir, tmp_path):
+    actor, ids = _trained_actor(tiny_model_dir)
     with embedded_server(tiny_model_dir, ["--weight-version", "0"]) as addr:
-        client = RemoteSGLangEngine(InferenceEngineConfig(
-            server_addrs=[addr], setup_timeout=60, weight_update_timeout=60))
-        client.initialize()
+        client = _client(addr)
         try:
             # same weights at the start: the servers' and the trainer's logprobs agree
             assert float((server_logprobs(addr, ids) - trainer_logprobs(actor, ids)).abs().max()) < 1e-5
@@ -137,16 +148,9 @@ def test_tensor_updates_by_shared_memory_reach_the_server(tiny_model_dir):
     """``weight_update.type: tensor``: the actor's buckets reach a server on its host by
     shared-memory reference (its parameters stay shared after the first push); the server's
     logprobs equal the trainer's to 1e-6 (fp32) and every checksum agrees."""
-    from arealite.rollout.remote_engine import RemoteSGLangEngine
-
-    actor = FSDPPPOActor(actor_config(tiny_model_dir, recompute_logprob=False,
-                                      use_decoupled_loss=False), device="cpu", backend="gloo")
-    actor.initialize(ft_spec=FinetuneSpec(total_train_epochs=1, dataset_size=8, train_batch_size=1))
-    ids = [int(t) for t in random_trajectories(1, seed=7, min_len=14, max_len=14)["input_ids"][0]]
+    actor, ids = _trained_actor(tiny_model_dir)
     with embedded_server(tiny_model_dir, ["--weight-version", "0"]) as addr:
-        client = RemoteSGLangEngine(InferenceEngineConfig(
-            server_addrs=[addr], setup_timeout=60, weight_update_timeout=60))
-        client.initialize()
+        client = _client(addr)
         try:
             for version in (1, 2):
                 _train_step(actor, seed=40 + version)

@@ -7,17 +7,10 @@ from __future__ import annotations
 import pytest
 import requests
 
+from arealite.utils.memory import rss_mib
 from tests.procs import embedded_server_proc
 
 pytestmark = pytest.mark.integration
-
-
-def rss_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
 
 
 def post(addr: str, path: str, body: dict) -> requests.Response:
