@@ -66,7 +66,10 @@ def main() -> None:
         early = statistics.mean(r["reward"] for r in st[:third])
         late = statistics.mean(r["reward"] for r in st[-third:])
         per_step = statistics.mean(r["timeperf/step"] for r in st)
-        gap = max(r["logprob_agreement/max_abs_diff"] for r in st)
+        # logged on the steps whose tokens came from the weights being trained (all of them,
+        # synchronously; async, those with no stale token)
+        gap = max((r["logprob_agreement/max_abs_diff"] for r in st
+                   if "logprob_agreement/max_abs_diff" in r), default=float("nan"))
         print(f"{mode:>14} {secs:>7.0f} {per_step:>7.2f} {acc[0]:>10.3f} "
               f"{acc[len(acc) // 2]:>8.3f} {acc[-1]:>8.3f} {early:>13.3f} {late:>13.3f} "
               f"{gap:>12.1e}")

@@ -18,7 +18,7 @@ import pytest
 
 from tests.procs import log_tail, spawn
 
-STEPS = 16
+STEPS = 12
 TRANSITIONS = ("offload_actor", "release_servers", "onload_actor", "resume_servers")
 
 
