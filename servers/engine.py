@@ -61,8 +61,6 @@ class Engine:
         # memory tags given back by /release_memory_occupation: no step runs until resumed
         self.memory_released: set[str] = set()
         self.spilled_weights: str | None = None  # CPU: file holding released weights
-        # each parameter's last same-host push source, kept mapped (servers/tensor_update.py)
-        self.mapped_sources: dict[str, Any] = {}
         self._cmds: queue.SimpleQueue = queue.SimpleQueue()
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)

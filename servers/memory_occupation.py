@@ -62,7 +62,6 @@ def release(engine: Engine, tags: list[str] | None) -> None:
     if KV_CACHE in tags:
         engine.runner.cache.release()
         trim_heap()
-    engine.mapped_sources = {}  # a same-host sender's pages this server kept mapped
     if WEIGHTS in tags and WEIGHTS not in engine.memory_released:
         _move_weights(engine, release=True)
     engine.memory_released.update(tags)

@@ -70,12 +70,7 @@ async def update_weights_from_tensor(obj: UpdateFromTensorReq, request: Request)
             return False, f"Failed to update weights: {e}"
         finally:
             st.engine.stats["weight_load_seconds_sum"] += time.perf_counter() - t0
-        st.staged_tensors = []
-        # Keep the sources mapped until the next push: a sender whose tensors stay where they
-        # are (the trainer's own shared parameters) names the same blocks next time, and torch
-        # then reuses this mapping instead of mapping and faulting in every page again (that
-        # was about as long as the copy itself). Freed by the next push or a memory release.
-        st.engine.mapped_sources.update(batch)
+        st.staged_tensors = []  # the sources are unmapped as the last reference goes
         return _after_update(st, True, "Success", obj.weight_version, obj.flush_cache)
 
     async with st.update_guard():
