@@ -50,14 +50,6 @@ KNOWN: dict[str, str] = {
                           "several PPO minibatches per step (where the proximal clip binds); final "
                           "held-out reward per seed, mean and standard error, paired differences.",
 }
-KNOWN["weight_push_modes"] = (
-    "One model pushed to a live embedded server through shared memory "
-    "(/update_weights_from_tensor), a gloo broadcast and disk, side by side, each against a memcpy "
-    "of the same bytes (goal: shared memory <= 1.5x); the server's RSS around a memory release.")
-KNOWN["colocated_job"] = (
-    "The main job disaggregated (async, broadcast) and co-located (launcher.colocate=true: sync, "
-    "shared-memory pushes, servers released while training) on the same warm start: seconds per "
-    "step, held-out accuracy, reward, logprob agreement, phase-switch times.")
 KNOWN["trainer_step"] = (
     "The trainer's PPO step (proximal logprobs + update, FSDPPPOActor as the GRPO entry drives "
     "it) against a plain PyTorch floor (padded forward, policy-gradient loss, backward, clip, "
