@@ -8,8 +8,6 @@ SGLang 0.5.23 (docs/protocol.md §2, §4, §5).
 from __future__ import annotations
 
 import asyncio
-import base64
-import io
 import logging
 import threading
 import time
@@ -92,16 +90,6 @@ class UpdateFromDistributedReq(_Req):
     weight_version: str | None = None
     load_format: str | None = None
     selector: Literal["target", "draft", "all"] = "all"
-    torch_empty_cache: bool = False
-
-
-class UpdateFromTensorReq(_Req):
-    serialized_named_tensors: list[str]
-    load_format: str | None = None
-    flush_cache: bool = True
-    abort_all_requests: bool = False
-    weight_version: str | None = None
-    selector: str = "all"
     torch_empty_cache: bool = False
 
 
@@ -286,6 +274,10 @@ async def end_weight_update(obj: EndReq, request: Request) -> JSONResponse:
     if st.weight_session is None:
         return _msg(False, "no weight-update session is open; call begin_weight_update() first")
     st.weight_session = None
+    dropped = st.drop_staged()
+    if dropped:
+        return _msg(True, f"Success. Dropped {dropped} staged tensors of an update whose last "
+                          "call (with weight_version) never came; the old weights are serving.")
     return _msg(True, "Success")
 
 
@@ -321,46 +313,6 @@ async def update_weights_from_distributed(
             st.engine.stats["weight_load_seconds_sum"] += time.perf_counter() - t0
         return _after_update(st, True, "Succeeded to update parameter online.",
                              obj.weight_version, obj.flush_cache)
-
-    async with st.update_guard():
-        ok, message = await st.in_engine(work)
-    if ok and obj.weight_version is not None:
-        message += f" Weight version updated to {obj.weight_version}."
-    return _msg(ok, message)
-
-
-def _decode_named_tensors(payload: str) -> list[tuple[str, torch.Tensor]]:
-    data = base64.b64decode(payload)
-    obj = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    if not isinstance(obj, (list, tuple)) or not all(
-        isinstance(x, (list, tuple)) and len(x) == 2 and isinstance(x[1], torch.Tensor) for x in obj
-    ):
-        raise ValueError("expected a list of (name, tensor) pairs")
-    return [(str(n), t) for n, t in obj]
-
-
-@router.post("/update_weights_from_tensor")
-async def update_weights_from_tensor(obj: UpdateFromTensorReq, request: Request) -> JSONResponse:
-    """Same-host CPU path: one base64 ``torch.save`` payload of ``[(name, tensor), ...]``."""
-    st = _st(request)
-    if st.weight_session is None:
-        return _msg(False, "update_weights_from_tensor must run between "
-                           "begin_weight_update() and end_weight_update()")
-    if len(obj.serialized_named_tensors) != 1:
-        return _msg(False, "expected one serialized payload (tp_size is 1)")
-    try:
-        named = _decode_named_tensors(obj.serialized_named_tensors[0])
-    except Exception as e:
-        return _msg(False, f"Failed to deserialize tensors: {e}")
-    if obj.abort_all_requests:
-        st.engine.abort(abort_all=True)
-
-    def work():
-        try:
-            weights.apply_named_tensors(st.runner.model, named)
-        except Exception as e:
-            return False, f"Failed to update weights: {e}"
-        return _after_update(st, True, "Success", obj.weight_version, obj.flush_cache)
 
     async with st.update_guard():
         ok, message = await st.in_engine(work)

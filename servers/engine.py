@@ -60,6 +60,7 @@ class Engine:
         self.paused_mode: str | None = None
         # memory tags given back by /release_memory_occupation: no step runs until resumed
         self.memory_released: set[str] = set()
+        self.spilled_weights: str | None = None  # CPU: file holding released weights
         self._cmds: queue.SimpleQueue = queue.SimpleQueue()
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)

@@ -24,6 +24,7 @@ from servers import (
     memory_occupation,
     openai_routes,
     openapi_schema,
+    tensor_update,
     weights_checker,
 )
 from servers.auth import ApiKeyMiddleware
@@ -61,6 +62,7 @@ def create_app(state: ServerState) -> FastAPI:
     app.include_router(openai_routes.router)
     app.include_router(memory_occupation.router)
     app.include_router(weights_checker.router)
+    app.include_router(tensor_update.router)
     openapi_schema.install(app, state.runner.vocab_size)
 
     @app.exception_handler(RequestValidationError)

@@ -13,12 +13,18 @@ the memory, updates the weights and continues. SGLang's rules, mirrored here:
 
 What each tag frees on this server: ``kv_cache`` drops the KV cache storage (real on any
 device); ``weights`` moves the model to host memory when it sits on an accelerator and back on
-resume (on a CPU server there is no device memory to give back, so the weights stay put);
+resume; on a CPU server, whose weights are host memory already, it writes them to a temporary
+file, frees them (process RSS drops by about their size) and reads them back on resume, so the
+server comes back with exactly the weights it had;
 ``cuda_graph`` is tracked only (no CUDA graphs are captured). While any tag is released the
 engine does not step: requests that arrive queue, as while paused, and run after the resume.
 """
 
 from __future__ import annotations
+
+import ctypes
+import os
+import tempfile
 
 import torch
 from fastapi import APIRouter, Body, Request
@@ -55,8 +61,9 @@ def release(engine: Engine, tags: list[str] | None) -> None:
         raise ValueError("release_memory_occupation should be called only when server is idle.")
     if KV_CACHE in tags:
         engine.runner.cache.release()
+        trim_heap()
     if WEIGHTS in tags and WEIGHTS not in engine.memory_released:
-        _move_weights(engine, torch.device("cpu"))
+        _move_weights(engine, release=True)
     engine.memory_released.update(tags)
 
 
@@ -68,17 +75,52 @@ def resume(engine: Engine, tags: list[str] | None) -> None:
         raise ValueError(f"Memory tags {missing} are not released; released: "
                          f"{sorted(engine.memory_released)}.")
     if WEIGHTS in tags:
-        _move_weights(engine, engine.runner.device)
+        _move_weights(engine, release=False)
     engine.memory_released.difference_update(tags)
 
 
-def _move_weights(engine: Engine, device: torch.device) -> None:
+def _move_weights(engine: Engine, release: bool) -> None:
     runner = engine.runner
     if runner.device.type == "cpu":
-        return  # host memory already: nothing to give back
-    runner.model.to(device)
-    if device.type == "cpu":
+        _spill(engine) if release else _restore(engine)
+        return
+    runner.model.to("cpu" if release else runner.device)
+    if release:
         torch.get_device_module(runner.device).empty_cache()
+
+
+def _spill(engine: Engine) -> None:
+    """A CPU server's weights to a file, their memory back to the OS (the weights are host
+    memory already: the only place to free it for is the trainer beside us)."""
+    params = dict(engine.runner.model.named_parameters())  # a tied weight once
+    fd, path = tempfile.mkstemp(prefix="arealite-released-weights-", suffix=".pt")
+    os.close(fd)
+    try:
+        torch.save({n: p.detach() for n, p in params.items()}, path)
+    except BaseException:
+        os.unlink(path)
+        raise
+    for p in params.values():
+        p.data = torch.empty(0, dtype=p.dtype)
+    engine.spilled_weights = path
+    trim_heap()
+
+
+def _restore(engine: Engine) -> None:
+    path = engine.spilled_weights
+    saved = torch.load(path, map_location="cpu", weights_only=True)
+    for n, p in engine.runner.model.named_parameters():
+        p.data = saved[n]
+    engine.spilled_weights = None
+    os.unlink(path)
+
+
+def trim_heap() -> None:
+    """Hand freed heap pages back to the OS (glibc keeps them otherwise, and RSS stays)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc: the allocator decides
 
 
 async def _call(request: Request, fn, obj: MemoryOccupationReq | None) -> Response:

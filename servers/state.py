@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -21,6 +22,8 @@ from servers.engine import Engine
 from servers.model_runner import ModelRunner
 from servers.responses import Detokenizer
 from servers.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
 
 
 class ModelUpdateLock:
@@ -74,8 +77,19 @@ class ServerState:
     weight_session: str | None = None  # selector of the open begin/end session
     groups: dict[str, Any] = field(default_factory=dict)  # group_name -> process group
     recv_buffers: dict[str, Any] = field(default_factory=dict)  # group_name -> BucketBuffer
+    # /update_weights_from_tensor buckets of an update in progress (servers/tensor_update.py)
+    staged_tensors: list[Any] = field(default_factory=list)
     lock: ModelUpdateLock = field(default_factory=ModelUpdateLock)
     pause_cond: asyncio.Condition = field(default_factory=asyncio.Condition)
+
+    def drop_staged(self) -> int:
+        """Forget the staged buckets of an unfinished tensor update; returns how many tensors."""
+        n = len(self.staged_tensors)
+        if n:
+            logger.warning("dropping %d staged tensors of an update whose last bucket (the call "
+                           "with weight_version) never came: the old weights keep serving", n)
+        self.staged_tensors = []
+        return n
 
     async def wait_unpaused(self) -> None:
         async with self.pause_cond:

@@ -130,8 +130,9 @@ def _param_table(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return table
 
 
-def apply_named_tensors(model: torch.nn.Module, named: NamedTensors) -> None:
-    """Copy tensors into parameters by HF name; all-or-nothing (raises, after restoring)."""
+def check_named_tensors(model: torch.nn.Module, named: NamedTensors) -> NamedTensors:
+    """``named`` without a sent ``lm_head`` of a tied head; raises for an unknown name or a
+    wrong shape (before anything is copied)."""
     table = _param_table(model)
     if getattr(model.config, "tie_word_embeddings", False) and "lm_head.weight" not in table:
         # Tied head: the embedding is the one tensor; a sent lm_head is skipped, as SGLang does.
@@ -143,17 +144,28 @@ def apply_named_tensors(model: torch.nn.Module, named: NamedTensors) -> None:
             raise ValueError(
                 f"shape mismatch for {name}: got {tuple(t.shape)}, expected {tuple(table[name].shape)}"
             )
-    backup: dict[str, torch.Tensor] = {}
+    return named
+
+
+def apply_named_tensors(model: torch.nn.Module, named: NamedTensors, backup: bool = True) -> None:
+    """Copy tensors into parameters by HF name; all-or-nothing (raises, after restoring).
+
+    ``backup=False`` skips the copy of each old parameter that a rollback needs: for callers
+    whose tensors are already in memory and checked, where a copy cannot fail halfway short of
+    a crash that takes the process with it (the same-host tensor path: one copy, not two)."""
+    table = _param_table(model)
+    named = check_named_tensors(model, named)
+    saved: dict[str, torch.Tensor] = {}
     try:
         with torch.no_grad():
             for name, t in named:
                 p = table[name]
-                if name not in backup:
-                    backup[name] = p.detach().clone()
+                if backup and name not in saved:
+                    saved[name] = p.detach().clone()
                 p.copy_(t.to(device=p.device, dtype=p.dtype))
     except Exception:
         with torch.no_grad():
-            for name, old in backup.items():
+            for name, old in saved.items():
                 table[name].copy_(old)
         raise
 

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from arealite.api.algorithm_config import PPOAlgorithmOptions
+from arealite.api.colocate_config import apply_colocate
 from arealite.api.config_base import BaseConfig
 
 # Re-exported: one config tree, whichever module a class is written in.
@@ -371,6 +372,11 @@ class GRPOConfig(BaseExperimentConfig):
         default_factory=WeightUpdateConfig, description="How new weights reach the servers.")
     launcher: LauncherConfig = Field(
         default_factory=LauncherConfig, description="Which processes start, and where.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _colocate(cls, data: Any) -> Any:
+        return apply_colocate(data)  # launcher.colocate's implications (api/colocate_config.py)
 
     @model_validator(mode="after")
     def _check(self) -> GRPOConfig:

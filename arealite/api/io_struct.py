@@ -114,6 +114,7 @@ SEND_BUFFERS = 2
 class WeightUpdateType(str, enum.Enum):
     DISK = "disk"
     DISTRIBUTED = "distributed"
+    TENSOR = "tensor"  # same host: /update_weights_from_tensor by shared-memory / IPC reference
 
 
 @dataclass
@@ -181,6 +182,12 @@ class WeightUpdateMeta:
     # during the transfer): the trainer's upload stops waiting for peers that will never come
     # and fails at once, instead of waiting out ``timeout`` (push_weights then retries).
     abort_reason: str | None = None
+    # Tensor updates (same host, docs/weight_updates.md): the client publishes ``targets``
+    # (servers paused and waiting for the push) once they are ready; trainer rank r sends to
+    # ``targets[i]`` for every i with i % world_size == r, then rank 0 publishes
+    # ``target_failures`` (server -> reason; empty when every push landed), which ends the wait.
+    targets: list[str] | None = None
+    target_failures: dict[str, str] | None = None
 
     def __post_init__(self) -> None:
         self.type = WeightUpdateType(self.type)
@@ -210,6 +217,14 @@ class WeightUpdateMeta:
     def bucket_bytes(self) -> int:
         """``bucket_size_mb`` in bytes (vLLM's transfer: the packed chunk size both sides use)."""
         return int(self.bucket_size_mb * 1024 * 1024)
+
+    @classmethod
+    def tensor(cls, version: int, bucket_size_mb: float = 64.0, timeout: float = 600.0
+               ) -> WeightUpdateMeta:
+        """A same-host update to ``version`` through ``/update_weights_from_tensor``, in buckets
+        of ``bucket_size_mb``, every bucket staged and the last one applying them all."""
+        return cls(WeightUpdateType.TENSOR, version, bucket_size_mb=bucket_size_mb,
+                   timeout=timeout)
 
     # The disk-ready marker: the one writer (the trainer) and the one reader (the client).
 

@@ -36,11 +36,15 @@ class SGLangConfig(BaseConfig):
 
 
 class WeightUpdateConfig(BaseConfig):
-    type: Literal["disk", "distributed"] = Field(
-        "disk", description="disk: save HF files and reload; distributed: broadcast over a "
-        "group (vLLM servers: vLLM's NCCL weight transfer, GPUs only; on CPU it falls back to disk)."
+    type: Literal["disk", "distributed", "tensor"] = Field(
+        "disk", description="disk: save HF files and reload; distributed: broadcast over a group "
+        "(vLLM servers: vLLM's NCCL weight transfer, GPUs only; on CPU it falls back to disk); "
+        "tensor: servers on the trainer's host get /update_weights_from_tensor by shared-memory "
+        "(CUDA IPC on GPUs) reference, each trainer rank pushing to its own servers "
+        "(docs/weight_updates.md).",
     )
-    bucket_size_mb: float = Field(64.0, gt=0, description="Flattened bucket size for broadcast.")
+    bucket_size_mb: float = Field(64.0, gt=0, description="Bucket size (MiB) of a broadcast or "
+                                  "tensor update.")
     master_address: str = Field("127.0.0.1", description="Trainer address for the broadcast group.")
     master_port: int | None = Field(None, ge=1, le=65535, description="None picks a free port.")
     group_name: str = Field("weight_update_group", description="Broadcast group name.")
@@ -88,6 +92,13 @@ class LauncherConfig(BaseConfig):
         0, ge=0,
         description="Servers that may die after start-up before the run is stopped "
         "(the client routes around dead servers); 0 stops at the first.",
+    )
+    colocate: bool = Field(
+        False, description="Co-located mode: one server per trainer rank on the trainer's host "
+        "(the same GPU on GPUs), taking turns with its memory: generate -> release servers -> "
+        "train -> resume -> push by shared memory. Implies async_training=false, "
+        "weight_update.type=tensor (unless disk) and n_servers=trainer_nproc "
+        "(docs/weight_updates.md#co-located-mode).",
     )
     ray: RayLauncherConfig = Field(default_factory=RayLauncherConfig,
                                    description="Placement on a Ray cluster (arealite.launcher.ray).")

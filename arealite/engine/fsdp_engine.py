@@ -46,6 +46,7 @@ from arealite.api.io_struct import (
 from arealite.api.trajectory import TensorDict
 from arealite.engine import segment_attention
 from arealite.engine.prefix_pack import group_units, share_prefixes, shared_sizes
+from arealite.engine.tensor_upload import upload_by_reference
 from arealite.engine.weight_upload import DistributedUploader, disk_checksums, param_specs
 from arealite.utils import checkpoint as ckpt
 from arealite.utils.data import (
@@ -378,7 +379,8 @@ class FSDPEngine(TrainEngine):
 
     def upload_weights(self, meta: WeightUpdateMeta) -> None:
         """Disk: HF files at ``meta.path`` then the ready marker. Distributed: broadcast the
-        buckets of ``meta.param_specs`` over the weight-update group. Collective."""
+        buckets of ``meta.param_specs`` over the weight-update group. Tensor: each rank posts
+        its buckets by reference to its own servers (``tensor_upload``). Collective."""
         model = self._check_ready()
         # Summarised per step as timeperf/weight_upload; an info line per step drowned the console.
         with timer("weight_upload"):
@@ -390,8 +392,11 @@ class FSDPEngine(TrainEngine):
                     meta.write_disk_marker()
                 dist.barrier(group=self.dp_group)
                 return
-            secs = self._uploader.upload(model, meta, self.is_rank0)
-        logger.debug("uploaded weights v%d by broadcast in %.3f s", meta.version, secs)
+            if meta.type == WeightUpdateType.TENSOR:  # same host: by shared-memory reference
+                secs = upload_by_reference(model, meta, self.rank, self.world_size, self.dp_group)
+            else:
+                secs = self._uploader.upload(model, meta, self.is_rank0)
+        logger.debug("uploaded weights v%d (%s) in %.3f s", meta.version, meta.type.value, secs)
 
     # ------------------------------------------------------------------ checkpoints
 

@@ -141,6 +141,9 @@ def server_specs(
     model_path = sg.model_path or config.actor.path
     if not model_path:
         raise LaunchError("no model to serve: set sglang.model_path or actor.path")
+    if lc.colocate and lc.gpus_per_server > 1:
+        raise LaunchError("launcher.colocate puts server i on trainer rank i's GPU: set "
+                          "launcher.gpus_per_server to 1 (or 0 on CPU)")
     if lc.gpus_per_server and sg.tp_size > lc.gpus_per_server:
         raise LaunchError(f"sglang.tp_size={sg.tp_size} needs gpus_per_server >= {sg.tp_size}")
     module = SERVER_MODULES[lc.server_backend]
@@ -270,8 +273,11 @@ def uses_servers(config: BaseExperimentConfig) -> bool:
 
 
 def trainer_gpu_offset(config: BaseExperimentConfig, n_servers_started: int) -> int | None:
-    """GPUs go to servers first, then to the trainer, when the launcher assigns GPUs at all."""
+    """GPUs go to servers first, then to the trainer, when the launcher assigns GPUs at all;
+    co-located (``launcher.colocate``), trainer rank i shares server i's first GPU."""
     lc = launcher_config(config)
+    if lc.gpus_per_server and n_servers_started and getattr(lc, "colocate", False):
+        return 0
     if lc.gpus_per_server and n_servers_started:
         return n_servers_started * lc.gpus_per_server
     return None

@@ -35,6 +35,10 @@ def weight_update_for(wu: WeightUpdateConfig, protocol: GenerateProtocol,
                        "broadcast (vLLM's native weight transfer needs GPUs); updating from "
                        "disk instead", protocol.name)
         wu = wu.model_copy(update={"type": "disk"})
+    elif wu.type == "tensor" and not protocol.supports_broadcast:
+        logger.warning("weight_update.type=tensor: %s servers do not speak SGLang's weight-update "
+                       "protocol; updating from disk instead", protocol.name)
+        wu = wu.model_copy(update={"type": "disk"})
     if wu.verify and not protocol.weight_checksums:
         logger.warning("weight_update.verify: %s servers hash weights their own way (not "
                        "comparable with the trainer's checksums); updates are not verified",

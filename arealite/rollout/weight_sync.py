@@ -3,7 +3,8 @@
 Order: ``/pause_generation`` on all servers at once -> ``/begin_weight_update`` (404 = older
 server without sessions, tolerated) -> disk (``/update_weights_from_disk``) or distributed
 (``/init_weights_update_group`` once, then per bucket ``/update_weights_from_distributed`` on
-all servers at once while the trainer broadcasts as rank 0) -> ``/end_weight_update`` (404
+all servers at once while the trainer broadcasts as rank 0) or tensor (the trainer ranks post
+``/update_weights_from_tensor`` themselves: ``tensor_sync``) -> ``/end_weight_update`` (404
 tolerated) -> ``/continue_generation``. Every call is time-boxed. A server that fails a step is
 dropped from the rest of the sequence and reported; ``continue_generation`` is sent to every
 server that was paused, whatever happened, so no server is left paused. The paths and bodies
@@ -31,6 +32,7 @@ import aiohttp
 from arealite.api.io_struct import WeightUpdateMeta, WeightUpdateType
 from arealite.rollout.backend import GenerateProtocol
 from arealite.rollout.sglang_protocol import SGLANG
+from arealite.rollout.tensor_sync import await_tensor_push
 from arealite.utils.http import HTTPStatusError, call_json, describe_error
 from arealite.utils.keys import HINT
 
@@ -204,6 +206,12 @@ class WeightSync:
             if meta.type == WeightUpdateType.DISK:
                 await self.wait_disk_ready(meta, timeout)
                 calls = self.disk_calls(meta)  # before pausing: a model it cannot load raises
+            elif meta.type == WeightUpdateType.TENSOR:
+                if not proto.supports_broadcast:  # SGLang's own update routes
+                    raise WeightUpdateError(
+                        f"{proto.name} servers do not take /update_weights_from_tensor: set "
+                        "weight_update.type=disk (see docs/servers.md)")
+                calls = []
             elif self.native is not None:
                 addrs = await self.native.prepare(self, session, addrs, meta, timeout, failed)
                 calls = []
@@ -258,6 +266,11 @@ class WeightSync:
         if meta.type == WeightUpdateType.DISK:
             for path, payload in calls:  # in order, each on every server still alive
                 alive = await self.fan_out(session, alive, path, payload, failed, timeout)
+            return alive
+        if meta.type == WeightUpdateType.TENSOR:
+            alive, why = await await_tensor_push(alive, meta, failed, meta.timeout)
+            if why is not None:
+                raise WeightUpdateError(f"tensor update to version {meta.version}: {why}")
             return alive
         if self.native is not None:
             return await self.native.transfer(self, session, alive, meta, failed, timeout)

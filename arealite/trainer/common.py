@@ -57,10 +57,12 @@ def setup_logging(rank: int) -> None:
 def weight_meta(
     wu: WeightUpdateConfig, version: int, disk_root: Path, master_port: int, actor: TrainEngine
 ) -> WeightUpdateMeta:
-    """The update to ``version``: a disk folder per version, or the run's one broadcast group;
-    verified (``weight_update.verify``) in ``checksum_dtype``."""
+    """The update to ``version``: a disk folder per version, the run's one broadcast group, or
+    same-host pushes by reference (``tensor``); verified (``weight_update.verify``) in ``checksum_dtype``."""
     if wu.type == "disk":
         meta = WeightUpdateMeta.disk(version, disk_root)
+    elif wu.type == "tensor":
+        meta = WeightUpdateMeta.tensor(version, wu.bucket_size_mb, wu.timeout)
     else:
         meta = WeightUpdateMeta.broadcast(
             version, actor.get_param_specs(wu.bucket_size_mb), master_port, wu.master_address,
@@ -68,6 +70,12 @@ def weight_meta(
         )
     meta.verify, meta.checksum_dtype = wu.verify, wu.checksum_dtype
     return meta
+
+
+def fresh(meta: WeightUpdateMeta) -> WeightUpdateMeta:
+    """``meta`` for another attempt: without what the last attempt's two sides published."""
+    return dataclasses.replace(meta, world_size=None, checksums=None, abort_reason=None,
+                               targets=None, target_failures=None)
 
 
 def push_weights(
@@ -90,7 +98,7 @@ def push_weights(
             raise err
         logger.warning("weight update to v%d failed (%s); retrying over the live servers",
                        meta.version, err)
-        meta = dataclasses.replace(meta, world_size=None, checksums=None, abort_reason=None)
+        meta = fresh(meta)
     rollout.set_version(meta.version)  # the rank's one clock, shared with the actor
 
 
@@ -134,7 +142,7 @@ def _push_once(
     if resync:
         # A server's checksums differed after the broadcast: send it the weights once more,
         # alone (a new group over just it); a second mismatch raises and stops the run.
-        again = dataclasses.replace(meta, world_size=None, checksums=None, abort_reason=None)
+        again = fresh(meta)
         fut = rollout.resync_weights(again, resync) if rank == 0 else None
         actor.upload_weights(again)
         if fut is not None:

@@ -6,7 +6,8 @@ ends after ``total_train_steps`` or, with ``total_train_seconds``, after the ste
 the budget (evaluations excluded). Evaluation (``evaluator.eval_fn`` or mean greedy reward) runs
 with no training episode in flight and is timed as ``timeperf/eval``. Async
 (``prepare_batch``, trajectories at most ``max_head_offpolicyness`` versions old) and sync
-(``rollout_batch``) differ in that one call only. Server addresses come from
+(``rollout_batch``) differ in that one call only; ``launcher.colocate`` (sync, servers on the
+trainer's host) adds the phase switches of ``trainer/colocate.py``. Server addresses come from
 ``rollout.server_addrs`` or ``AREAL_LLM_SERVER_ADDRS`` (the launcher sets it).
 """
 
@@ -28,6 +29,7 @@ from arealite.rollout.data_cycle import DataCycle
 from arealite.rollout.dynamic_sampling import GroupRewardFilter, rollout_full_batch
 from arealite.rollout.protocols import protocol_for, weight_update_for
 from arealite.rollout.remote_engine import RemoteSGLangEngine
+from arealite.trainer.colocate import ColocatedPhases
 from arealite.trainer.common import (
     config_from_argv,
     dist_info,
@@ -130,12 +132,16 @@ def main(argv: list[str] | None = None) -> int:
     clock = TrainClock(info.extra.get("train_seconds", 0.0) if info else 0.0)
     # DAPO dynamic sampling: groups with equal rewards are dropped, more are drawn
     keep = GroupRewardFilter() if config.actor.dynamic_sampling else None
+    # launcher.colocate: servers and trainer take turns with the host's memory (sync mode)
+    phases = ColocatedPhases(rollout, actor, ref, rank) if config.launcher.colocate else None
     rollout.idle_stats()  # rollout/idle_ratio (no episode in flight): the first window opens here
     # timeperf/step runs from the end of the previous step (its logging and checkpoint
     # included) to this step's commit, evaluation excluded: the steps' sum is the loop's time.
     t0 = time.perf_counter()
     for step in range(start_step, total_steps):
         epoch = step // ft.steps_per_epoch
+        if phases is not None:  # co-located: the accelerator goes to the servers
+            phases.offload_actor()
         with timer("rollout_wait"):
             if config.async_training:
                 batch = rollout.prepare_batch(loader, workflow, should_accept=keep)
@@ -146,14 +152,19 @@ def main(argv: list[str] | None = None) -> int:
                                            config.actor.group_size)
             else:
                 batch = rollout.rollout_batch(cycle.next_rows(loader), workflow)
+        if phases is not None:  # ... and back to the trainer
+            phases.release()
         with timer("logp"):
             actor.prepare_prox_logp(batch)  # fused into the update when it can be
             if ref is not None:
-                batch["ref_logp"] = ref.compute_logp(batch)
+                batch["ref_logp"] = (phases.ref_logp(batch) if phases is not None
+                                     else ref.compute_logp(batch))
             actor.compute_advantages(batch)
         with timer("update"):
             stats = actor.ppo_update(batch)
         with timer("weight_sync"):
+            if phases is not None:
+                phases.resume()
             rollout.pause()
             version = step + 1
             push_weights(actor, rollout, weight_meta(wu, version, weights_dir, port[0], actor),

@@ -59,18 +59,29 @@ def _train_step(actor: FSDPPPOActor, seed: int) -> None:
     actor.ppo_update(data)
 
 
-@pytest.mark.timeout(300)
-def test_disk_then_distributed_updates_reach_the_server(tiny_model_dir, tmp_path):
-    from arealite.rollout.remote_engine import RemoteSGLangEngine
-
+def _trained_actor(tiny_model_dir) -> tuple[FSDPPPOActor, list[int]]:
+    """An actor with an optimizer, and a fixed 14-token sequence to compare logprobs on."""
     actor = FSDPPPOActor(actor_config(tiny_model_dir, recompute_logprob=False,
                                       use_decoupled_loss=False), device="cpu", backend="gloo")
     actor.initialize(ft_spec=FinetuneSpec(total_train_epochs=1, dataset_size=8, train_batch_size=1))
     ids = [int(t) for t in random_trajectories(1, seed=7, min_len=14, max_len=14)["input_ids"][0]]
+    return actor, ids
+
+
+def _client(addr: str):
+    from arealite.rollout.remote_engine import RemoteSGLangEngine
+
+    client = RemoteSGLangEngine(InferenceEngineConfig(
+        server_addrs=[addr], setup_timeout=60, weight_update_timeout=60))
+    client.initialize()
+    return client
+
+
+@pytest.mark.timeout(300)
+def test_disk_then_distributed_updates_reach_the_server(tiny_model_dir, tmp_path):
+    actor, ids = _trained_actor(tiny_model_dir)
     with embedded_server(tiny_model_dir, ["--weight-version", "0"]) as addr:
-        client = RemoteSGLangEngine(InferenceEngineConfig(
-            server_addrs=[addr], setup_timeout=60, weight_update_timeout=60))
-        client.initialize()
+        client = _client(addr)
         try:
             # same weights at the start: the servers' and the trainer's logprobs agree
             assert float((server_logprobs(addr, ids) - trainer_logprobs(actor, ids)).abs().max()) < 1e-5
@@ -129,4 +140,37 @@ def test_a_dead_peer_cannot_hang_the_upload(tiny_model_dir):
     meta2.param_specs = meta.param_specs  # world_size never set by any client
     with pytest.raises(WeightUploadError, match="world_size"):
         actor.upload_weights(meta2)
+    actor.destroy()
+
+
+@pytest.mark.timeout(300)
+def test_tensor_updates_by_shared_memory_reach_the_server(tiny_model_dir):
+    """``weight_update.type: tensor``: the actor's buckets reach a server on its host by
+    shared-memory reference (its parameters stay shared after the first push); the server's
+    logprobs equal the trainer's to 1e-6 (fp32) and every checksum agrees."""
+    actor, ids = _trained_actor(tiny_model_dir)
+    with embedded_server(tiny_model_dir, ["--weight-version", "0"]) as addr:
+        client = _client(addr)
+        try:
+            for version in (1, 2):
+                _train_step(actor, seed=40 + version)
+                mine = trainer_logprobs(actor, ids)
+                assert float((server_logprobs(addr, ids) - mine).abs().max()) > 1e-4  # stale
+                meta = WeightUpdateMeta.tensor(version, bucket_size_mb=0.05, timeout=60)
+                meta.verify = True
+                fut = client.update_weights(meta)
+                actor.upload_weights(meta)
+                fut.result(timeout=90)
+                actor.set_version(version)
+                assert meta.target_failures == {} and meta.targets == [addr]
+                assert str(_post(addr, "/model_info")["weight_version"]) == str(version)
+                diff = float((server_logprobs(addr, ids) - mine).abs().max())
+                assert diff < 1e-6, diff
+                got = _post(addr, "/weights_checker", {})["ranks"][0]["checksums"]
+                assert {k: v[1] for k, v in meta.checksums.items()} == got
+                assert client.last_weight_update.resync == []
+            # one rank: the parameters themselves were shared, nothing is copied per push
+            assert all(getattr(p, "_local_tensor", p).is_shared() for p in actor.model.parameters())
+        finally:
+            client.destroy()
     actor.destroy()

@@ -5,8 +5,6 @@ run with a clear error."""
 
 from __future__ import annotations
 
-import base64
-import io
 import json
 import logging
 import urllib.request
@@ -16,6 +14,7 @@ import torch
 
 from arealite.api.io_struct import WeightUpdateMeta
 from arealite.rollout.weight_verify import WeightVerificationError
+from arealite.utils.shared_tensors import serialize_named_tensors
 from arealite.utils.weight_checksum import dtype_name, tensor_checksum
 from tests.procs import embedded_server
 from tests.rollout.test_remote_engine_integration import (
@@ -38,12 +37,8 @@ def _post(addr: str, path: str, body: dict) -> dict:
 
 def corrupt(addr: str, name: str, value: torch.Tensor) -> None:
     """One parameter changed behind the client's back (as a bad transfer would leave it)."""
-    buf = io.BytesIO()
-    torch.save([(name, value)], buf)
-    _post(addr, "/begin_weight_update", {})
     _post(addr, "/update_weights_from_tensor",
-          {"serialized_named_tensors": [base64.b64encode(buf.getvalue()).decode()]})
-    _post(addr, "/end_weight_update", {})
+          {"serialized_named_tensors": [serialize_named_tensors([(name, value.contiguous())])]})
 
 
 def expected(state: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32) -> dict:

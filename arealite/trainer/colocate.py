@@ -1,0 +1,103 @@
+"""Co-located mode's phase switches (``launcher.colocate``): servers and trainer share a host
+and take turns with its memory.
+
+One step: ``offload_actor`` (the trainer's model and optimizer state to host memory, on
+accelerators) -> generate (servers hold their weights and KV cache) -> ``release``: servers paused and their memory released
+(``/release_memory_occupation``, tags ``weights`` and ``kv_cache``), the actor back on its
+device -> train (the reference model on its device only for its log-probabilities) ->
+``resume``: servers get their memory back (``/resume_memory_occupation``) -> push the new
+weights (``weight_update.type: tensor``, by shared memory) -> save, evaluate, log (the actor
+still on its device).
+
+Each transition is logged with its time and the memory it freed: host memory (``MemAvailable``,
+the whole host: the servers are on it) and, on accelerators, this device's free memory. The
+figures go to the step's stats as ``colocate/<transition>_seconds`` and ``_freed_mib``. On a
+CPU host the trainer's offloads free nothing (its model is host memory already: see
+``arealite/engine/offload.py``); the servers' release does (weights spilled, KV cache freed).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import torch
+
+from arealite.engine.offload import move_to
+from arealite.utils import stats_tracker
+from arealite.utils.memory import host_available_bytes
+from arealite.utils.sync_http import admin_headers, post_json
+
+logger = logging.getLogger("arealite.trainer.colocate")
+
+SERVER_TAGS = ["weights", "kv_cache"]
+
+
+def _device_free_bytes(device: torch.device) -> int:
+    if device.type == "cuda" and torch.cuda.is_available():
+        return int(torch.cuda.mem_get_info(device)[0])
+    return 0
+
+
+class ColocatedPhases:
+    """The switches of one trainer rank; rank 0 also drives the servers."""
+
+    def __init__(self, rollout, actor, ref, rank: int, timeout: float = 120.0) -> None:
+        self.rollout, self.actor, self.ref, self.rank = rollout, actor, ref, rank
+        self.timeout = timeout
+        self.device = torch.device(getattr(actor, "device", "cpu"))
+        self.released = False
+
+    def _transition(self, name: str, fn: Callable[[], None]) -> None:
+        host0, dev0, t0 = host_available_bytes(), _device_free_bytes(self.device), time.perf_counter()
+        fn()
+        secs = time.perf_counter() - t0
+        host = (host_available_bytes() - host0) / 2**20
+        dev = (_device_free_bytes(self.device) - dev0) / 2**20
+        logger.info("colocate: %s in %.3f s; memory freed: host %+.1f MiB%s", name, secs, host,
+                    f", {self.device} {dev:+.1f} MiB" if self.device.type != "cpu" else "")
+        with stats_tracker.scope("colocate"):
+            stats_tracker.scalar(**{f"{name}_seconds": secs, f"{name}_freed_mib": host + dev})
+
+    def _servers(self, path: str, body: dict) -> None:
+        if self.rank != 0:
+            return
+        errors = []
+        for addr in self.rollout.pool.healthy_addrs():
+            _, reason = post_json(addr, path, body, self.timeout, admin_headers())
+            if reason is not None:
+                errors.append(f"{addr}: {reason}")
+        if errors:
+            raise RuntimeError("co-located phase switch failed: " + "; ".join(errors))
+
+    def release(self) -> None:
+        """After generation: servers paused and their memory released; the actor onloaded."""
+        def go() -> None:
+            self.rollout.pause()  # no new episode while the servers are released
+            self._servers("/pause_generation", {"mode": "abort"})
+            self._servers("/release_memory_occupation", {"tags": SERVER_TAGS})
+            self.released = True
+        self._transition("release_servers", go)
+        self._transition("onload_actor", lambda: move_to(self.actor.model, self.actor.optimizer,
+                                                         self.device))
+
+    def ref_logp(self, batch) -> torch.Tensor:
+        """The reference model's log-probabilities, with it on its device only meanwhile."""
+        self._transition("onload_ref", lambda: move_to(self.ref.model, None, self.device))
+        out = self.ref.compute_logp(batch)
+        self._transition("offload_ref", lambda: move_to(self.ref.model, None, "cpu"))
+        return out
+
+    def resume(self) -> None:
+        """After training, before the push: servers get their memory back (still paused; the
+        push's ``/continue_generation`` lets them go)."""
+        def go() -> None:
+            self._servers("/resume_memory_occupation", {"tags": SERVER_TAGS})
+            self.released = False
+        self._transition("resume_servers", go)
+
+    def offload_actor(self) -> None:
+        """Before generation: the actor's model and optimizer state to host memory."""
+        self._transition("offload_actor", lambda: move_to(self.actor.model, self.actor.optimizer,
+                                                          "cpu"))

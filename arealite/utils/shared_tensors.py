@@ -1,0 +1,42 @@
+"""Tensors handed to a process on the same host by reference: SGLang's
+``MultiprocessingSerializer`` format (a base64 ``ForkingPickler`` dump), the payload of
+``/update_weights_from_tensor``.
+
+Pickled by ``ForkingPickler``, torch's reductions move a CPU tensor's storage into shared memory
+(once: a storage already shared stays where it is) and write only its name; a CUDA tensor becomes
+a CUDA IPC handle. Only torch's ``file_system`` sharing strategy names a block that an unrelated
+process (the server) can open, so ``serialize_named_tensors`` switches this process to it.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from multiprocessing.reduction import ForkingPickler
+
+import torch
+import torch.multiprocessing as torch_mp
+
+
+def use_file_system_sharing() -> None:
+    """Share CPU tensors by shared-memory file name (readable by any process of this user)."""
+    if torch_mp.get_sharing_strategy() != "file_system":
+        torch_mp.set_sharing_strategy("file_system")
+
+
+def serialize_named_tensors(named: list[tuple[str, torch.Tensor]]) -> str:
+    """``MultiprocessingSerializer.serialize(named, output_str=True)``. The tensors must stay
+    alive (and unchanged) until the receiver has applied them."""
+    use_file_system_sharing()
+    buf = io.BytesIO()
+    ForkingPickler(buf).dump([(n, t.detach()) for n, t in named])
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def serialize_flattened_bucket(flat: torch.Tensor, metadata: list) -> str:
+    """The ``load_format="flattened_bucket"`` payload: ``flat`` (uint8) and SGLang's metadata
+    entries (objects or dicts with name, shape, dtype, start_idx, end_idx, numel)."""
+    use_file_system_sharing()
+    buf = io.BytesIO()
+    ForkingPickler(buf).dump({"flattened_tensor": flat, "metadata": metadata})
+    return base64.b64encode(buf.getvalue()).decode()
