@@ -78,7 +78,12 @@ class RemoteRewardModelEngine(RemoteSGLangEngine, RewardModelScorer):
 
     def initialize(self, addr: str | list[str] | None = None,
                    train_data_parallel_size: int | None = None) -> None:
-        """As the generation client, then each server must report ``is_generation: false``."""
+        """As the generation client, then each server must report ``is_generation: false``.
+        The addresses come from ``addr`` or ``server_addrs`` only (``AREAL_LLM_SERVER_ADDRS``
+        names the generation servers)."""
+        if not (addr or self.config.server_addrs):
+            raise ValueError("reward-model client: no server addresses; set "
+                             "reward_model.server_addrs to the --is-embedding servers")
         super().initialize(addr, train_data_parallel_size)
         try:
             self.loop.run(self._check_scoring()).result(self.config.setup_timeout + 10)
