@@ -69,7 +69,7 @@ class RLVRWorkflow(RolloutWorkflow):
             ``reward_model`` is configured): each sample is scored as soon as it is generated
             and the score combined with ``reward_fn``'s (``workflows.rewards.model``).
         reward_model_combine: ``ModelRewardTerm`` settings: ``mode`` (``"sum"`` or ``"gate"``),
-            ``model_weight``, ``rule_weight``, ``gate_fail``.
+            ``model_weight``, ``rule_weight``, ``gate_fail`` (ignored without ``reward_model``).
     """
 
     def __init__(
@@ -108,8 +108,8 @@ class RLVRWorkflow(RolloutWorkflow):
         self.template_kwargs = dict(template_kwargs or {})
         self.dump_dir = dump_dir
         self._sample_gconfig = with_stop_tokens(gconfig, tokenizer, stop_on_pad)
-        if reward_model_combine is not None and reward_model is None:
-            raise ValueError("reward_model_combine is set but no reward_model is given")
+        # reward_model_combine alone is unused: the trainer's evaluation workflow is built from
+        # the same kwargs without the reward model (held-out scores stay the rule's)
         self.reward_model = (None if reward_model is None else
                              ModelRewardTerm(reward_model, **(reward_model_combine or {})))
 
