@@ -33,6 +33,8 @@ from servers.sequence import Sequence, weight_version_spans
 logger = logging.getLogger(__name__)
 
 PAUSE_MODES = ("abort", "retract", "in_place")
+NOT_GENERATION = ("this server serves a reward model (--is-embedding, or a sequence-classification "
+                  "checkpoint): it scores on /classify and /encode and does not generate")
 
 
 def _internal_error(message: str) -> dict[str, Any]:
@@ -134,6 +136,10 @@ class Engine:
 
     # ---- engine-thread commands ----------------------------------------------------------
     def _add(self, seq: Sequence) -> None:
+        if not self.runner.is_generation:  # a reward model: /classify, never a generation
+            self._finish(seq, {"type": "abort", "message": NOT_GENERATION, "status_code": 400,
+                               "err_type": "BadRequest"})
+            return
         budget = self.runner.context_len - len(seq.prompt) - 1
         mnt = seq.params.max_new_tokens
         seq.max_new_tokens = budget if mnt is None else max(0, min(mnt, budget))

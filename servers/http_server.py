@@ -20,6 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from servers import (
     control_routes,
+    embedding_route,
     generate_route,
     memory_occupation,
     openai_routes,
@@ -58,6 +59,7 @@ def create_app(state: ServerState) -> FastAPI:
                   lifespan=lifespan)
     app.state.server = state
     app.include_router(generate_route.router)
+    app.include_router(embedding_route.router)
     app.include_router(control_routes.router)
     app.include_router(openai_routes.router)
     app.include_router(memory_occupation.router)
@@ -104,6 +106,9 @@ def create_app(state: ServerState) -> FastAPI:
 
         async def run():
             await state.wait_unpaused()
+            if not state.runner.is_generation:  # a reward model: a one-token score
+                await embedding_route.batcher(state).score([[0]])
+                return
             await generate_route.run_sequences(state, [probe], None)
 
         try:
@@ -120,7 +125,7 @@ def create_app(state: ServerState) -> FastAPI:
             "model_path": state.model_path,
             "served_model_name": state.args.served_model_name or state.model_path,
             "tokenizer_path": state.args.tokenizer_path or state.args.model_path,
-            "is_generation": True,
+            "is_generation": state.runner.is_generation,
             "preferred_sampling_params": None,
             "weight_version": state.engine.weight_version,
             "load_format": state.args.load_format,
@@ -150,6 +155,7 @@ def create_app(state: ServerState) -> FastAPI:
                 "last_gen_throughput": eng.gen_throughput(), **eng.load(), **eng.stats,
                 "paused": state.is_pause, "weight_version": eng.weight_version,
                 "memory_released": sorted(eng.memory_released),
+                **embedding_route.batcher_stats(state),
             }],
             "version": VERSION,
             "frontend": "python",

@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         runner = ModelRunner(
             args.model_path, dtype=args.dtype, device=args.device,
             context_length=args.context_length, tokenizer_path=args.tokenizer_path,
-            skip_tokenizer_init=args.skip_tokenizer_init,
+            skip_tokenizer_init=args.skip_tokenizer_init, is_embedding=args.is_embedding,
         )
     except Exception as e:
         logging.getLogger("servers").error("failed to load the model: %s", e)

@@ -47,6 +47,24 @@ def cache_kwarg(forward: Callable) -> str:
     """The name under which ``forward`` takes a KV cache: ``cache`` or ``past_key_values``."""
     return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
 
+def is_embedding_model(config, is_embedding_flag: bool) -> bool:
+    """As SGLang decides: a ``*ForSequenceClassification`` / ``*ForRewardModel`` checkpoint is
+    never a generation model; ``--is-embedding`` asks for scoring explicitly, which the embedded
+    server supports for such classifiers only."""
+    archs = list(getattr(config, "architectures", None) or [])
+    classifier = any(a.endswith(("ForSequenceClassification", "ForRewardModel")) for a in archs)
+    if is_embedding_flag and not classifier:
+        raise ValueError(f"--is-embedding: the embedded server scores with sequence-classification "
+                         f"models (a reward model), and this checkpoint is {archs or 'unknown'}")
+    return classifier
+
+
+def model_class(is_generation: bool):
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    return AutoModelForCausalLM if is_generation else AutoModelForSequenceClassification
+
+
 class ModelRunner:
     """Owns the model, its tokenizer and the KV cache."""
 
@@ -58,8 +76,9 @@ class ModelRunner:
         context_length: int | None = None,
         tokenizer_path: str | None = None,
         skip_tokenizer_init: bool = False,
+        is_embedding: bool = False,
     ) -> None:
-        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoConfig, AutoTokenizer
 
         self.model_path = str(model_path)
         if not Path(self.model_path).is_dir():
@@ -67,7 +86,9 @@ class ModelRunner:
         self.device = torch.device(device)
         config = AutoConfig.from_pretrained(self.model_path)
         self.dtype = resolve_dtype(dtype, getattr(config, "dtype", None) or getattr(config, "torch_dtype", None))
-        self.model = AutoModelForCausalLM.from_pretrained(
+        # a reward model (sequence classifier) scores on /classify instead of generating
+        self.is_generation = not is_embedding_model(config, is_embedding)
+        self.model = model_class(self.is_generation).from_pretrained(
             self.model_path, dtype=self.dtype, attn_implementation="sdpa"
         ).to(self.device)
         self.model.eval()
@@ -76,7 +97,8 @@ class ModelRunner:
         self.tokenizer = None
         if not skip_tokenizer_init:
             self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path or self.model_path)
-        self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
+        head = self.model.get_output_embeddings() if self.is_generation else self.model.get_input_embeddings()
+        self.vocab_size = int(head.weight.shape[0])
         model_ctx = int(getattr(self.config, "max_position_embeddings", 2048) or 2048)
         self.context_len = int(context_length or model_ctx)
         self.eos_token_ids = self._eos_ids()
@@ -94,7 +116,8 @@ class ModelRunner:
         )
         self.softcap = getattr(text_cfg, "final_logit_softcapping", None)
         self.decoder = self.model.base_model
-        self.lm_head = self.model.get_output_embeddings()
+        self.lm_head = self.model.get_output_embeddings()  # None for a classifier
+        self.score_head = None if self.is_generation else self.model.get_submodule("score")
         # Llama-style decoders (Llama, Qwen2, Mistral, ...) with only full-attention layers can be
         # driven layer by layer; anything else goes through the decoder's own forward.
         layer_types = set(getattr(text_cfg, "layer_types", None) or ["full_attention"])
@@ -167,3 +190,18 @@ class ModelRunner:
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits
+
+    @torch.inference_mode()
+    def score(self, prompts: list[list[int]]) -> list[list[float]]:
+        """A classifier's head at each prompt's last token (SGLang's ``PoolingType.LAST``), one
+        float32 list of ``num_labels`` values per prompt; one right-padded forward, no KV cache."""
+        if self.score_head is None:
+            raise ValueError("this model generates; it has no score head")
+        lens = torch.tensor([len(p) for p in prompts], device=self.device)
+        ids = torch.zeros(len(prompts), int(lens.max()), dtype=torch.long, device=self.device)
+        for i, p in enumerate(prompts):
+            ids[i, : len(p)] = torch.tensor(p, dtype=torch.long)
+        mask = (torch.arange(ids.shape[1], device=self.device)[None] < lens[:, None]).long()
+        hidden = self.decoder(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
+        last = hidden[torch.arange(len(prompts), device=self.device), lens - 1]
+        return self.score_head(last).float().cpu().tolist()

@@ -46,6 +46,7 @@ class ServerArgs:
     allow_auto_truncate: bool = False
     tool_call_parser: str | None = None
     health_stall_timeout: float = 60.0
+    is_embedding: bool = False
     launch_command: str = ""
 
     def weight_roots(self) -> list[str]:
@@ -117,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tool-call-parser", default=None, choices=list(PARSERS),
                    help="parse tool calls in /v1/chat/completions output (qwen25: Hermes "
                         "<tool_call>{json}</tool_call> blocks)")
+    p.add_argument("--is-embedding", action="store_true",
+                   help="serve a reward model (a *ForSequenceClassification checkpoint, which "
+                        "is also detected without the flag) on /classify and /encode")
     p.add_argument("--allow-auto-truncate", action="store_true",
                    help="cut prompts and max_new_tokens to the context instead of answering 400")
     return p

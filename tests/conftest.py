@@ -86,3 +86,11 @@ def toy_assets(tmp_path_factory) -> Path:
     assert res.returncode == 0, f"building the toy assets failed:\n{res.stdout[-3000:]}{res.stderr[-3000:]}"
     return root / "assets"
 
+
+
+@pytest.fixture(scope="session")
+def tiny_reward_model_dir(tiny_model_dir, tmp_path_factory) -> Path:
+    """The tiny model's backbone under a one-label ``Qwen2ForSequenceClassification`` head."""
+    from arealite.models.reward_model import reward_model_from_causal_lm
+
+    return reward_model_from_causal_lm(tiny_model_dir, tmp_path_factory.mktemp("tiny_rm"))

@@ -13,6 +13,7 @@ import torch
 from arealite.api.config import GenerationHyperparameters
 from arealite.api.engine_api import InferenceEngine
 from arealite.api.io_struct import ModelRequest, ModelResponse
+from arealite.api.reward_model_api import RewardModelScorer
 from arealite.api.trajectory import pad_sequences_to_tensors
 from arealite.api.workflow_api import RolloutWorkflow
 from workflows.dump import dump_samples
@@ -23,6 +24,7 @@ from workflows.prompting import (
     with_stop_tokens,
 )
 from workflows.reward_pool import REWARD_FAILURE_POLICIES, check_reward_fn, compute_reward
+from workflows.rewards.model import ModelRewardTerm
 
 
 def trajectory_row(prompt_ids: list[int], resp: ModelResponse, reward: float, sid: Any = None,
@@ -63,6 +65,11 @@ class RLVRWorkflow(RolloutWorkflow):
             ``workflows.prompting.with_stop_tokens``.
         dump_dir: when set, append each sample's text and reward under
             ``dump_dir/<version>/<id>.jsonl``.
+        reward_model: a ``RewardModelScorer`` (the trainer passes its reward-model pool when
+            ``reward_model`` is configured): each sample is scored as soon as it is generated
+            and the score combined with ``reward_fn``'s (``workflows.rewards.model``).
+        reward_model_combine: ``ModelRewardTerm`` settings: ``mode`` (``"sum"`` or ``"gate"``),
+            ``model_weight``, ``rule_weight``, ``gate_fail`` (ignored without ``reward_model``).
     """
 
     def __init__(
@@ -78,6 +85,8 @@ class RLVRWorkflow(RolloutWorkflow):
         template_kwargs: dict[str, Any] | None = None,
         stop_on_pad: bool = True,
         dump_dir: str | None = None,
+        reward_model: RewardModelScorer | None = None,
+        reward_model_combine: dict[str, Any] | None = None,
     ):
         check_reward_fn(reward_fn)
         if not isinstance(gconfig, GenerationHyperparameters):
@@ -99,6 +108,10 @@ class RLVRWorkflow(RolloutWorkflow):
         self.template_kwargs = dict(template_kwargs or {})
         self.dump_dir = dump_dir
         self._sample_gconfig = with_stop_tokens(gconfig, tokenizer, stop_on_pad)
+        # reward_model_combine alone is unused: the trainer's evaluation workflow is built from
+        # the same kwargs without the reward model (held-out scores stay the rule's)
+        self.reward_model = (None if reward_model is None else
+                             ModelRewardTerm(reward_model, **(reward_model_combine or {})))
 
     def encode(self, data: dict[str, Any]) -> tuple[list[int], str]:
         return encode_prompt(
@@ -125,14 +138,22 @@ class RLVRWorkflow(RolloutWorkflow):
                          gconfig=self._sample_gconfig.model_copy(), metadata={"group": group})
             for i in range(self.gconfig.n_samples)
         ]
-        resps: list[ModelResponse] = await asyncio.gather(*(engine.agenerate(r) for r in reqs))
-        for req, resp in zip(reqs, resps):
+
+        async def sample(req: ModelRequest) -> tuple[ModelResponse, str, float]:
+            # scored as soon as it is generated, while the group's other samples still generate
+            resp = await engine.agenerate(req)
             check_response(resp, req.rid)
-        completions = [self.decode(r.output_tokens) for r in resps]
-        rewards = await asyncio.gather(*(
-            self.score(prompt_text, c, prompt_ids, r.output_tokens, data)
-            for c, r in zip(completions, resps)
-        ))
+            text = self.decode(resp.output_tokens)
+            reward = await self.score(prompt_text, text, prompt_ids, resp.output_tokens, data)
+            if self.reward_model is not None:
+                reward = await self.reward_model.combine(
+                    list(prompt_ids) + list(resp.output_tokens), reward, self.reward_failure)
+            return resp, text, reward
+
+        done = await asyncio.gather(*(sample(r) for r in reqs))
+        resps = [d[0] for d in done]
+        completions = [d[1] for d in done]
+        rewards = [d[2] for d in done]
         sid = sample_id(data)
         rows = [trajectory_row(prompt_ids, resp, reward, sid) for resp, reward in zip(resps, rewards)]
         if self.dump_dir:

@@ -364,6 +364,10 @@ class GRPOConfig(BaseExperimentConfig):
     eval_gconfig: GenerationHyperparameters | None = Field(
         None, description="Generation settings for evaluation; None: greedy gconfig."
     )
+    reward_model: InferenceEngineConfig | None = Field(
+        None, description="Client of a reward-model server pool (servers started with "
+        "--is-embedding; its server_addrs are required); the workflow gets it as reward_model, "
+        "combined with reward_fn per workflow.kwargs.reward_model_combine. None: rule rewards.")
     workflow: WorkflowConfig = Field(
         default_factory=WorkflowConfig, description="The rollout workflow and its reward.")
     sglang: SGLangConfig = Field(

@@ -12,13 +12,13 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from arealite.api.config import BaseExperimentConfig, GRPOConfig, SFTConfig
-from arealite.api.preference_config import DPOConfig
+from arealite.api.preference_config import DPOConfig, RewardModelConfig
 from arealite.api.workflow_factory import import_by_path
 
 # experiment kind -> its config class (``kind:`` in a YAML file; the entry module is
 # ``arealite.trainer.<kind>``)
 CONFIG_CLASSES: dict[str, type[BaseExperimentConfig]] = {
-    "grpo": GRPOConfig, "sft": SFTConfig, "dpo": DPOConfig}
+    "grpo": GRPOConfig, "sft": SFTConfig, "dpo": DPOConfig, "reward_model": RewardModelConfig}
 
 C = TypeVar("C", bound=BaseModel)
 

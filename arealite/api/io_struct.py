@@ -94,6 +94,7 @@ class ModelResponse:
     latency: float = float("inf")
     ttft: float = float("inf")  # time to first token (seconds)
     server: str = ""  # address of the server that produced the last segment
+    scores: list[float] | None = None  # a scoring server's head outputs (reward model), else None
 
     @property
     def input_len(self) -> int:

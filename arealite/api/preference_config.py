@@ -34,3 +34,23 @@ class DPOConfig(BaseExperimentConfig):
     output_dir: str = Field("", description="Final HF model directory; empty: under fileroot.")
     launcher: LauncherConfig = Field(
         default_factory=LauncherConfig, description="Trainer processes (servers are not used).")
+
+
+class RewardModelConfig(BaseExperimentConfig):
+    """A reward model (``kind: reward_model``) from ``{prompt, chosen, rejected}`` rows with the
+    Bradley–Terry loss; ``model.path`` is a causal LM (its backbone is kept, a one-output
+    ``score`` head is added) or a sequence classifier to train further."""
+
+    kind: Literal["reward_model"] = Field(
+        "reward_model", description="Which experiment this file configures.")
+    model: TrainEngineConfig = Field(
+        default_factory=TrainEngineConfig, description="The reward model and its optimizer.")
+    center_coef: float = Field(
+        0.0, ge=0, description="Weight of (r_chosen + r_rejected)^2, keeping scores near 0.")
+    prompt_key: str = Field("prompt", description="Row field holding the prompt.")
+    chosen_key: str = Field("chosen", description="Row field of the preferred completion.")
+    rejected_key: str = Field("rejected", description="Row field of the dispreferred completion.")
+    use_chat_template: bool = Field(True, description="Wrap prompts as a chat user turn.")
+    output_dir: str = Field("", description="Final HF model directory; empty: under fileroot.")
+    launcher: LauncherConfig = Field(
+        default_factory=LauncherConfig, description="Trainer processes (servers are not used).")

@@ -12,7 +12,7 @@ import typing
 from pydantic import BaseModel
 
 from arealite.api.config import GRPOConfig, SFTConfig
-from arealite.api.preference_config import DPOConfig
+from arealite.api.preference_config import DPOConfig, RewardModelConfig
 
 
 def _models_in(annotation: typing.Any) -> list[type[BaseModel]]:
@@ -47,7 +47,8 @@ def render() -> str:
     ]
     seen: set[type] = set()
     queue: list[tuple[str, type[BaseModel]]] = [("GRPOConfig", GRPOConfig), ("SFTConfig", SFTConfig),
-                                              ("DPOConfig", DPOConfig)]
+                                              ("DPOConfig", DPOConfig),
+                                              ("RewardModelConfig", RewardModelConfig)]
     while queue:
         title, model = queue.pop(0)
         if model in seen:

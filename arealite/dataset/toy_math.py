@@ -97,27 +97,49 @@ def write_toy_math(
     return paths
 
 
-def toy_preferences(rows: list[dict[str, Any]], seed: int = 0) -> list[dict[str, Any]]:
+WRONG_ANSWERS = ("near", "digit", "mixed")
+
+
+def _wrong_answer(right: int, rng: random.Random, wrong: str) -> int:
+    """``near``: the right number off by 1 to 9 in one direction; ``digit``: one digit of it
+    replaced by another (an error in the tens place is as likely as in the units, as a model's
+    digit-wise slips are); ``mixed``: either, half the time each."""
+    if wrong == "mixed":
+        wrong = rng.choice(("near", "digit"))
+    if wrong == "near":
+        return right + rng.choice([-1, 1]) * rng.randint(1, 9)
+    if wrong != "digit":
+        raise ValueError(f"wrong must be one of {WRONG_ANSWERS}, not {wrong!r}")
+    digits = list(str(abs(right)))
+    i = rng.randrange(len(digits))
+    digits[i] = rng.choice([d for d in "0123456789" if d != digits[i]])
+    return int("".join(digits)) * (-1 if right < 0 else 1)
+
+
+def toy_preferences(rows: list[dict[str, Any]], seed: int = 0,
+                    wrong: str = "near") -> list[dict[str, Any]]:
     """Preference rows from toy rows: ``chosen`` the right answer, ``rejected`` a wrong one
-    (the right number off by 1 to 9 in one direction), ``prompt`` the question."""
+    (``_wrong_answer``: ``near`` by default), ``prompt`` the question."""
     rng = random.Random(f"{seed}:pref")
     out = []
     for r in rows:
         right = int(r["answer"].split("####")[-1])
-        wrong = right + rng.choice([-1, 1]) * rng.randint(1, 9)
+        bad = _wrong_answer(right, rng, wrong)
+        while bad == right:  # a replaced leading digit can give the same number ("05" -> 5)
+            bad = _wrong_answer(right, rng, wrong)
         out.append({"id": r["id"], "prompt": r["question"], "chosen": r["answer"],
-                    "rejected": f"#### {wrong}"})
+                    "rejected": f"#### {bad}"})
     return out
 
 
 def write_toy_preferences(out_dir: str | Path, n_train: int = 2000, n_valid: int = 200,
-                          seed: int = 0) -> dict[str, Path]:
+                          seed: int = 0, wrong: str = "near") -> dict[str, Path]:
     """Write DPO ``train.jsonl`` / ``valid.jsonl`` (``toy_preferences``) into ``out_dir``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {}
     for split, n in (("train", n_train), ("valid", n_valid)):
-        rows = toy_preferences(generate_toy_math(n, seed=seed, split=split), seed)
+        rows = toy_preferences(generate_toy_math(n, seed=seed, split=split), seed, wrong)
         paths[split] = out / f"{split}.jsonl"
         paths[split].write_text("".join(json.dumps(r) + "\n" for r in rows))
     return paths

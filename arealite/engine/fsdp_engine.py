@@ -98,7 +98,8 @@ def resolve_attn_impl(attn_impl: str, device: torch.device) -> str:
 
 class FSDPEngine(TrainEngine):
     # "causal_lm": logits over the vocabulary; "value": one scalar per position (a critic,
-    # HF token classification with num_labels=1, its backbone loaded from a causal LM)
+    # HF token classification with num_labels=1, its backbone loaded from a causal LM);
+    # "reward": HF sequence classification with num_labels=1 (engine/preference/reward_model.py)
     model_kind = "causal_lm"
 
     def __init__(
@@ -151,7 +152,7 @@ class FSDPEngine(TrainEngine):
         self.dp_group = dist.group.WORLD
         self.mesh = init_device_mesh(self.device.type, (self.world_size,), mesh_dim_names=("dp",))
         dtype = to_dtype(self.config.dtype)
-        extra = {"num_labels": 1} if self.model_kind == "value" else {}
+        extra = {"num_labels": 1} if self.model_kind in ckpt.SCALAR_HEAD_KINDS else {}
         self.hf_config = AutoConfig.from_pretrained(self.config.path, **extra)
         auto_cls = ckpt.auto_model_class(self.model_kind)
         torch.manual_seed(self.seed)

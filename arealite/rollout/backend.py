@@ -34,6 +34,7 @@ class Segment:
     finish_type: str = "stop"  # "length", "stop" or "abort" (cut by a pause: resumed)
     finish_message: str = ""
     weight_version: str | None = None
+    scores: list[float] | None = None  # a scoring backend's answer (``score_protocol``)
 
 
 class GenerateProtocol(Protocol):

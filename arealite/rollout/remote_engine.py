@@ -311,7 +311,7 @@ class RemoteSGLangEngine(InferenceEngine):
         latency = time.monotonic() - t0
         return ModelResponse(
             prompt, tokens, logprobs, versions, stop_reason, latency,
-            latency if ttft is None else ttft, addr,
+            latency if ttft is None else ttft, addr, seg.scores,
         )
 
     def _segment_rid(self, rid: str) -> str:

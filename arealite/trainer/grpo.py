@@ -29,6 +29,7 @@ from arealite.rollout.data_cycle import DataCycle
 from arealite.rollout.dynamic_sampling import GroupRewardFilter, rollout_full_batch
 from arealite.rollout.protocols import protocol_for, weight_update_for
 from arealite.rollout.remote_engine import RemoteSGLangEngine
+from arealite.rollout.reward_model_client import RemoteRewardModelEngine
 from arealite.trainer.colocate import ColocatedPhases
 from arealite.trainer.common import (
     config_from_argv,
@@ -79,8 +80,12 @@ def main(argv: list[str] | None = None) -> int:
     if config.ref is not None:
         ref = FSDPPPOActor(config.ref, config.device, config.dist_backend, config.seed)
         ref.initialize(None, None)
-    workflow = build_workflow(config.workflow, config.gconfig, tokenizer)
+    # A reward-model pool, when configured: the training workflow scores through it.
+    rm = RemoteRewardModelEngine(config.reward_model) if config.reward_model else None
+    rm_kw = {"reward_model": rm} if rm is not None else {}
+    workflow = build_workflow(config.workflow, config.gconfig, tokenizer, **rm_kw)
     eval_gconfig = config.eval_gconfig or config.gconfig.new(n_samples=1, greedy=True, temperature=0.0)
+    # evaluation keeps the rule reward alone: held-out accuracy stays the verifiable one
     eval_workflow = build_workflow(config.workflow, eval_gconfig, tokenizer)
     eval_fn = load_eval_fn(config.evaluator.eval_fn)
 
@@ -117,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
         rollout.restore(version)
     rollout.initialize(None, train_data_parallel_size=world)
     eval_rollout.initialize(None, train_data_parallel_size=1)
+    if rm is not None:
+        rm.initialize()
     if info is not None:  # servers may hold other weights after a crash
         push_weights(actor, rollout, weight_meta(wu, version, weights_dir, port[0], actor),
                      rank, wu.timeout, wu.retries)
@@ -204,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
 
     logger.close()
     observers.close()
-    for engine in (rollout, eval_rollout, actor):
+    for engine in (rollout, eval_rollout, actor, *([rm] if rm is not None else [])):
         engine.destroy()
     return 0
 

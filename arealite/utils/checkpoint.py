@@ -24,6 +24,8 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from arealite.utils.fsdp import full_state_dict, reshard_all
 
 ENGINE_STATE = "engine_state.pt"
+# model kinds with a one-output head on the backbone (``num_labels=1``)
+SCALAR_HEAD_KINDS = ("value", "reward")
 
 
 def _rank() -> int:
@@ -60,10 +62,16 @@ def save_hf(
 
 
 def auto_model_class(model_kind: str = "causal_lm"):
-    """The transformers Auto class for a model kind: ``causal_lm`` or ``value`` (critic)."""
-    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+    """The transformers Auto class for a model kind: ``causal_lm``, ``value`` (critic) or
+    ``reward`` (a reward model: sequence classification, one label)."""
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoModelForSequenceClassification,
+        AutoModelForTokenClassification,
+    )
 
-    kinds = {"causal_lm": AutoModelForCausalLM, "value": AutoModelForTokenClassification}
+    kinds = {"causal_lm": AutoModelForCausalLM, "value": AutoModelForTokenClassification,
+             "reward": AutoModelForSequenceClassification}
     if model_kind not in kinds:
         raise ValueError(f"model_kind must be one of {sorted(kinds)}, got {model_kind!r}")
     return kinds[model_kind]
@@ -74,8 +82,8 @@ def load_hf_state_dict(
 ) -> dict[str, torch.Tensor]:
     """Full state dict of the HF model at ``path`` (loaded on CPU through ``from_pretrained``, so
     transformers' own key conversions and tied weights apply). A ``value`` model loads the
-    backbone of a causal LM checkpoint and initialises its one-output head."""
-    extra = {"num_labels": 1} if model_kind == "value" else {}
+    backbone of a causal LM checkpoint and initialises its one-output head (so does ``reward``)."""
+    extra = {"num_labels": 1} if model_kind in SCALAR_HEAD_KINDS else {}
     m = auto_model_class(model_kind).from_pretrained(str(path), dtype=dtype, device_map=None,
                                                      **extra)
     return {k: v.detach() for k, v in m.state_dict().items()}

@@ -27,5 +27,6 @@ def test_sync_twin_differs_only_in_the_async_switches():
 
 
 def test_toy_configs_load():
-    for name in ("toy_grpo.yaml", "toy_grpo_sync.yaml", "toy_sft.yaml", "toy_dpo.yaml"):
+    for name in ("toy_grpo.yaml", "toy_grpo_sync.yaml", "toy_sft.yaml", "toy_dpo.yaml",
+                 "toy_reward_model.yaml", "toy_grpo_reward_model.yaml"):
         assert load_config(str(CONFIGS / name), []) is not None

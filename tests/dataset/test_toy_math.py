@@ -39,3 +39,24 @@ def test_bad_split():
 def test_write(tmp_path):
     paths = write_toy_math(tmp_path, 7, 3)
     assert len(paths["valid"].read_text().splitlines()) == 3
+
+
+def test_preference_wrong_answers_near_digit_mixed():
+    from arealite.dataset.toy_math import toy_preferences
+
+    rows = generate_toy_math(300, seed=2)
+    for wrong in ("near", "digit", "mixed"):
+        prefs = toy_preferences(rows, seed=2, wrong=wrong)
+        kinds = set()
+        for r in prefs:
+            right, bad = (int(r[k].split("####")[-1]) for k in ("chosen", "rejected"))
+            assert bad != right
+            a, b = str(abs(right)), str(abs(bad))
+            near, digit = 1 <= abs(bad - right) <= 9, len(a) == len(b) and sum(
+                x != y for x, y in zip(a, b)) == 1
+            assert near or digit or wrong != "near", r
+            kinds.add("tens" if abs(bad - right) >= 10 else "units")
+        assert ("tens" in kinds) == (wrong != "near"), wrong
+    assert toy_preferences(rows, seed=2) == toy_preferences(rows, seed=2, wrong="near")
+    with pytest.raises(ValueError, match="wrong must be one of"):
+        toy_preferences(rows, wrong="far")

@@ -241,3 +241,9 @@ def test_closing_a_stream_aborts_its_request(server):
         time.sleep(0.05)
     assert st["num_running_reqs"] == 0 and st["num_queue_reqs"] == 0
     assert aborted() - before == 8  # cut short, not run to the end
+
+
+def test_a_generation_server_does_not_score(server):
+    # SGLang's answer to an EmbeddingReqInput on a generation model (its tokenizer manager)
+    r = requests.post(server + "/classify", json={"input_ids": [1, 2, 3]}, timeout=30)
+    assert r.status_code == 400 and "--is-embedding" in r.text, r.text

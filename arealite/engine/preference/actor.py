@@ -49,6 +49,25 @@ def _row_count(mb: TensorDict) -> float:
     return float(len(mb["cu_seqlens"]) - 1)
 
 
+def surrogate_update(engine: TrainEngine, data: TensorDict, values: torch.Tensor,
+                     batch_loss: Callable[[torch.Tensor], torch.Tensor],
+                     surrogate_loss: Callable[[torch.Tensor, TensorDict], torch.Tensor],
+                     ) -> dict[str, float]:
+    """One optimizer step of a loss that couples rows: ``values`` ``[B]`` are the rows' numbers
+    from a no-grad forward (sequence log-probabilities, reward scores), ``batch_loss(values)``
+    the batch loss; ``surrogate_loss(out, mb)`` is ``Σ_rows pref_coef · value_row / rows`` of a
+    packed micro-batch, recomputed with grad (see the module comment)."""
+    x = values.clone().requires_grad_(True)
+    loss = batch_loss(x)
+    (coef,) = torch.autograd.grad(loss, x)
+    rows = dict(data)
+    rows["pref_coef"] = (coef * len(coef)).float()
+    out = engine.train_batch(rows, surrogate_loss, _row_count)
+    engine.step_lr_scheduler()
+    return {"loss": float(loss.detach()), "grad_norm": out["grad_norm"], "lr": out["lr"],
+            "update_successful": out["update_successful"], "n_mbs": out["n_mbs"]}
+
+
 class PreferenceActor:
     """``engine`` is trained; ``ref`` is the frozen reference (an engine without optimizer)."""
 
@@ -57,15 +76,7 @@ class PreferenceActor:
 
     def _update(self, data: TensorDict, logp: torch.Tensor,
                 batch_loss: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, float]:
-        x = logp.clone().requires_grad_(True)
-        loss = batch_loss(x)
-        (coef,) = torch.autograd.grad(loss, x)
-        rows = dict(data)
-        rows["pref_coef"] = (coef * len(coef)).float()
-        out = self.engine.train_batch(rows, _surrogate_loss, _row_count)
-        self.engine.step_lr_scheduler()
-        return {"loss": float(loss.detach()), "grad_norm": out["grad_norm"], "lr": out["lr"],
-                "update_successful": out["update_successful"], "n_mbs": out["n_mbs"]}
+        return surrogate_update(self.engine, data, logp, batch_loss, _surrogate_loss)
 
     def _dpo(self, data: TensorDict, loss_type: str):
         if data["loss_mask"].shape[0] % 2:

@@ -54,3 +54,20 @@ def kto_reference_point(logp_mismatched: torch.Tensor, ref_mismatched: torch.Ten
     """KTO's ``z0``: the batch mean of ``logp - ref`` on mismatched (prompt, another row's
     completion) pairs, clamped at 0; a constant (no gradient)."""
     return max(float((logp_mismatched - ref_mismatched).mean()), 0.0)
+
+
+def bradley_terry_loss(
+    score_chosen: torch.Tensor, score_rejected: torch.Tensor, margin: torch.Tensor | None = None,
+    center_coef: float = 0.0,
+) -> torch.Tensor:
+    """Per-pair reward-model loss (Bradley–Terry, as in Ouyang et al. 2022):
+    ``-log σ(r_c - r_r - m)`` for scalar scores ``r`` of the chosen and rejected completion and
+    an optional per-pair ``margin`` ``m``; ``center_coef > 0`` adds ``center_coef · (r_c + r_r)²``,
+    which pins the scores' free offset near zero (BT sees only differences)."""
+    diff = score_chosen - score_rejected
+    if margin is not None:
+        diff = diff - margin
+    losses = -F.logsigmoid(diff)
+    if center_coef:
+        losses = losses + center_coef * (score_chosen + score_rejected) ** 2
+    return losses
