@@ -49,6 +49,11 @@ class GenerateProtocol(Protocol):
     supports_broadcast: bool  # SGLang's /init_weights_update_group protocol
     weight_checksums: bool  # /weights_checker answers hashes comparable with the trainer's
 
+    def add_image_data(self, body: bytes, image_data: list[str]) -> bytes:
+        """``body`` with a request's images (paths, file URLs or base64); ValueError where the
+        backend's adapter takes none."""
+        ...
+
     def pause_call(self, mode: str) -> tuple[str, dict[str, Any] | None]:
         """(path, JSON body or None) of the pause before an update (``pause_mode``)."""
         ...
