@@ -1,17 +1,11 @@
 """RLVR over images: a row's question and images -> ``gconfig.n_samples`` scored samples from a
 vision-language model, as one trajectory carrying what the trainer needs for the images.
 
-The prompt is built by the model's processor (``AutoProcessor``, or ``arealite.models.tiny_vl.
-load_processor``): the chat template puts a placeholder per image, the processor expands each
-to the image's number of merged patches and computes the patches. The request sends the
-expanded ids with the images (``ModelRequest.image_data``: base64 PNG, so servers on other hosts
-need no shared file system). Each trajectory row adds to the RLVR keys (``workflows.rlvr``):
-
-- ``pixel_values``     ``[B, N*D]`` float32  the processor's N patches of size D, flattened
-- ``image_grid_thw``   ``[B, 3*K]`` int64    (t, h, w) of each of the row's K images
-- ``image_token_mask`` ``[B, S]``   bool     True on the prompt's image tokens
-
-(the trainer's packing reads them: ``arealite.engine.vision_pack``).
+The prompt is built by the model's processor (``arealite.api.vision_io.encode_vision_prompt``:
+``AutoProcessor``, or ``arealite.models.tiny_vl.load_processor`` without torchvision). The
+request sends the expanded ids with the images (``ModelRequest.image_data``: base64 PNG, so
+servers on other hosts need no shared file system). Each trajectory row adds the image keys of
+``arealite.api.vision_io`` to the RLVR keys (``workflows.rlvr``).
 """
 
 from __future__ import annotations
@@ -29,20 +23,11 @@ from arealite.api.config import GenerationHyperparameters
 from arealite.api.engine_api import InferenceEngine
 from arealite.api.io_struct import ModelRequest, ModelResponse
 from arealite.api.trajectory import pad_sequences_to_tensors
+from arealite.api.vision_io import encode_vision_prompt, image_keys
 from arealite.api.workflow_api import RolloutWorkflow
 from workflows.prompting import check_response, sample_id, with_stop_tokens
 from workflows.reward_pool import REWARD_FAILURE_POLICIES, check_reward_fn, compute_reward
 from workflows.rlvr import trajectory_row
-
-
-def _open_image(item: Any):
-    """A row's image: a PIL image, or a path to one (opened as RGB)."""
-    from PIL import Image
-
-    if isinstance(item, Image.Image):
-        return item.convert("RGB")
-    with Image.open(item) as img:
-        return img.convert("RGB")
 
 
 def _png_base64(img) -> str:
@@ -96,24 +81,18 @@ class VisionRLVRWorkflow(RolloutWorkflow):
         self.image_token_id = int(self.tokenizer.convert_tokens_to_ids(processor.image_token))
         self._sample_gconfig = with_stop_tokens(gconfig, self.tokenizer, True)
 
-    def encode(self, data: dict[str, Any]) -> tuple[list[int], str, dict[str, torch.Tensor], list]:
-        """Prompt ids (image placeholders expanded), its text, the processor's image tensors
-        and the images."""
-        images = [_open_image(x) for x in data.get(self.image_key) or []]
+    def encode(self, data: dict[str, Any]) -> tuple[list[int], str, dict]:
+        """Prompt ids (image placeholders expanded), its text and the processor's output."""
+        images = data.get(self.image_key) or []
         if not images:
             raise ValueError(f"row has no images under {self.image_key!r}")
-        parts = [{"type": "image"} for _ in images]
-        msgs = [{"role": "user", "content": [*parts, {"type": "text", "text": data[self.question_key]}]}]
-        if self.system_prompt:
-            msgs.insert(0, {"role": "system", "content": self.system_prompt})
-        text = self.processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
-        enc = self.processor(text=[text], images=images, return_tensors="pt")
-        return enc["input_ids"][0].tolist(), text, enc, images
+        return encode_vision_prompt(self.processor, data[self.question_key], images,
+                                    self.system_prompt)
 
     async def arun_episode(self, engine: InferenceEngine, data: dict[str, Any]
                            ) -> dict[str, torch.Tensor] | None:
-        prompt_ids, prompt_text, enc, images = self.encode(data)
-        image_data = [_png_base64(img) for img in images]
+        prompt_ids, prompt_text, enc = self.encode(data)
+        image_data = [_png_base64(img) for img in enc["images"]]
         group = uuid.uuid4().hex
         reqs = [
             ModelRequest(rid=f"{group}-{i}", input_ids=list(prompt_ids), image_data=image_data,
@@ -133,14 +112,4 @@ class VisionRLVRWorkflow(RolloutWorkflow):
         sid = sample_id(data)
         rows = [trajectory_row(prompt_ids, resp, reward, sid) for resp, reward in zip(resps, rewards)]
         traj = pad_sequences_to_tensors(rows)
-        return {**traj, **image_tensors(enc, self.image_token_id, traj["input_ids"])}
-
-
-def image_tensors(enc: dict[str, torch.Tensor], image_token_id: int,
-                  input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The image keys of a trajectory (module docstring) for rows that share one prompt."""
-    b = input_ids.shape[0]
-    pixels = enc["pixel_values"].float().reshape(1, -1).expand(b, -1).clone()
-    grid = enc["image_grid_thw"].long().reshape(1, -1).expand(b, -1).clone()
-    return {"pixel_values": pixels, "image_grid_thw": grid,
-            "image_token_mask": input_ids == image_token_id}
+        return {**traj, **image_keys([enc] * len(rows), self.image_token_id, traj["input_ids"])}

@@ -19,8 +19,8 @@ COLOURS: dict[str, tuple[int, int, int]] = {
 }
 SHAPES = ("circle", "square", "triangle")
 IMAGE_SIZE = 64  # pixels per side: 8 x 8 patches of 8 pixels for the tiny model's processor
-GRID = 3  # shapes sit in the cells of a GRID x GRID layout
-MAX_SHAPES = 5
+GRID = 2  # shapes sit in the cells of a GRID x GRID layout (a cell: 4 x 4 patches)
+MAX_SHAPES = 4
 
 
 def question_for(colour: str) -> str:

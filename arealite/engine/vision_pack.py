@@ -1,6 +1,6 @@
 """Images of a packed micro-batch for a vision-language model (Qwen2-VL family).
 
-A trajectory row carries its images beside its tokens (``arealite.api.trajectory``):
+A trajectory row carries its images beside its tokens (``arealite.api.vision_io``):
 ``pixel_values [B, N*D]`` (the processor's N flattened patches of size D, zero-padded),
 ``image_grid_thw [B, 3*K]`` (K images' grids, zero rows past the last) and ``image_token_mask
 [B, S]`` (True on image tokens). Packing keeps each row's images with its tokens: the patches
