@@ -73,6 +73,12 @@ def _cmd_agent_job(args: argparse.Namespace) -> int:
     return agent_job(args.overrides)
 
 
+def _cmd_vision_job(args: argparse.Namespace) -> int:
+    from arealite.trainer.vision_job import main as vision_job
+
+    return vision_job(args.overrides)
+
+
 def _cmd_main_job(args: argparse.Namespace) -> int:
     from arealite.trainer.main_job import main as main_job
 
@@ -132,6 +138,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--keys", nargs="+", default=["reward", "eval/accuracy"])
     g.set_defaults(fn=_cmd_plot)
 
+    vj = sub.add_parser("vision-job", help="a tiny Qwen2-VL trained on a visual counting task "
+                        "(docs/vision.md): SFT warm start on images + async GRPO")
+    vj.add_argument("overrides", nargs="*")
+    vj.set_defaults(fn=_cmd_vision_job)
     m = sub.add_parser("main-job", help="the main job (`make run`): SFT warm start + async GRPO")
     m.add_argument("overrides", nargs="*")
     m.set_defaults(fn=_cmd_main_job)

@@ -23,6 +23,7 @@ from arealite.api.io_struct import FinetuneSpec, SaveLoadMeta
 from arealite.api.workflow_factory import build_workflow
 from arealite.dataset.loader import create_dataloader, load_rows
 from arealite.engine.ppo.actor import FSDPPPOActor
+from arealite.models.processor import vision_processor
 from arealite.rollout.data_cycle import DataCycle
 from arealite.rollout.dynamic_sampling import GroupRewardFilter, rollout_full_batch
 from arealite.rollout.protocols import protocol_for, weight_update_for
@@ -76,9 +77,11 @@ def main(argv: list[str] | None = None) -> int:
     if config.ref is not None:
         ref = FSDPPPOActor(config.ref, config.device, config.dist_backend, config.seed)
         ref.initialize(None, None)
-    workflow = build_workflow(config.workflow, config.gconfig, tokenizer)
+    processor = vision_processor(config.actor.path)  # a vision-language model's workflow needs it
+    extra = {"processor": processor} if processor is not None else {}
+    workflow = build_workflow(config.workflow, config.gconfig, tokenizer, **extra)
     eval_gconfig = config.eval_gconfig or config.gconfig.new(n_samples=1, greedy=True, temperature=0.0)
-    eval_workflow = build_workflow(config.workflow, eval_gconfig, tokenizer)
+    eval_workflow = build_workflow(config.workflow, eval_gconfig, tokenizer, **extra)
     eval_fn = load_eval_fn(config.evaluator.eval_fn)
 
     def run_eval(version: int) -> dict[str, float]:  # drains the training rollout first
