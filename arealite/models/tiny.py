@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 PAD_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -139,8 +140,7 @@ def build_tokenizer(out_dir: str | Path, spec: TinyModelSpec | None = None):
 
 def build_tiny_model(out_dir: str | Path, spec: TinyModelSpec | None = None) -> Path:
     """Build tokenizer + randomly initialised Qwen2 model into ``out_dir`` (an HF directory)."""
-    import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2Config, Qwen2ForCausalLM
 
     spec = spec or TinyModelSpec()
     if spec.vision:
@@ -164,8 +164,17 @@ def build_tiny_model(out_dir: str | Path, spec: TinyModelSpec | None = None) -> 
         pad_token_id=tok.pad_token_id,
         torch_dtype="float32",
     )
+    return save_random_model(out, Qwen2ForCausalLM, config, tok, spec)
+
+
+def save_random_model(out: Path, model_cls: Any, config: Any, tok: Any, spec: TinyModelSpec) -> Path:
+    """``model_cls(config)`` with the spec's seeded random weights, its generation config (EOS,
+    pad) and the spec, saved into ``out``."""
+    import torch
+    from transformers import GenerationConfig
+
     torch.manual_seed(spec.seed)
-    model = Qwen2ForCausalLM(config)
+    model = model_cls(config)
     model.generation_config = GenerationConfig(
         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
     )

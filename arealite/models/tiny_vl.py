@@ -16,20 +16,17 @@ transformers' own either way.
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from arealite.models.tiny import (
-    IM_END,
-    IM_START,
     IMAGE_PAD,
     VIDEO_PAD,
     VISION_END,
     VISION_START,
     TinyModelSpec,
     build_tokenizer,
+    save_random_model,
 )
 
 PATCH_SIZE = 8
@@ -98,8 +95,7 @@ def load_processor(path: str | Path):
 
 def build_tiny_vl_model(out_dir: str | Path, spec: TinyModelSpec) -> Path:
     """Tokenizer (with vision tokens) + image processor + random Qwen2-VL into ``out_dir``."""
-    import torch
-    from transformers import GenerationConfig, Qwen2VLConfig, Qwen2VLForConditionalGeneration
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -132,15 +128,7 @@ def build_tiny_vl_model(out_dir: str | Path, spec: TinyModelSpec) -> Path:
         bos_token_id=None, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
         torch_dtype="float32",
     )
-    torch.manual_seed(spec.seed)
-    model = Qwen2VLForConditionalGeneration(config)
-    model.generation_config = GenerationConfig(
-        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
-    )
-    model.save_pretrained(str(out), safe_serialization=True)
     # the processor is its two halves on disk (ProcessorMixin.save_pretrained needs the video
     # processor); the tokenizer carries the chat template
     image_processor().save_pretrained(str(out))
-    (out / "arealite_tiny_spec.json").write_text(json.dumps(asdict(spec), indent=2))
-    assert IM_START in tok.get_vocab() and IM_END == tok.eos_token
-    return out
+    return save_random_model(out, Qwen2VLForConditionalGeneration, config, tok, spec)
