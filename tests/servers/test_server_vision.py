@@ -67,9 +67,14 @@ def test_image_forms_and_placeholder_forms_agree(vl_server, processor, rows):
         for ids in (collapsed, expanded)
         for img in (path, f"file://{path}", _b64(path), f"data:image/png;base64,{_b64(path)}")
     ]
+    # a text prompt whose chat template wrote one placeholder per image
+    msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": row["question"]}]}]
+    text = processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    outs.append(gen(vl_server, {"text": text, "image_data": path, "sampling_params": GREEDY}))
     assert all(o["output_ids"] == outs[0]["output_ids"] for o in outs)
     # the server expands the collapsed placeholder as the processor does
     assert all(o["meta_info"]["prompt_tokens"] == len(expanded) for o in outs)
+    assert len(outs) == 9
     # and the image matters: another image, another greedy answer distribution
     other = gen(vl_server, {"input_ids": expanded, "image_data": rows[1]["images"][0],
                             "sampling_params": GREEDY, "return_logprob": True})
@@ -142,6 +147,13 @@ def test_bad_images_get_a_400_naming_them_and_nothing_else_fails(vl_server, proc
     r = post(vl_server, "/generate", {"input_ids": ids, "sampling_params": GREEDY,
                                       "image_data": [rows[0]["images"][0]] * 2})
     assert r.status_code == 400 and "image_data has 2" in r.json()["error"]["message"]
+
+
+def test_model_info_says_it_understands_images(vl_server):
+    import requests
+
+    info = requests.get(f"{vl_server}/model_info", timeout=30).json()
+    assert info["has_image_understanding"] is True and info["model_type"] == "qwen2_vl"
 
 
 def test_batch_mixes_text_and_image_prompts(vl_server, processor, rows):
