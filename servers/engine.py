@@ -37,6 +37,12 @@ NOT_GENERATION = ("this server serves a reward model (--is-embedding, or a seque
                   "checkpoint): it scores on /classify and /encode and does not generate")
 
 
+def _vision_rows(seqs: list[Sequence]) -> list | None:
+    """Each row's VisionPrompt for the runner, or None when no row has images."""
+    rows = [s.vision for s in seqs]
+    return rows if any(v is not None for v in rows) else None
+
+
 def _internal_error(message: str) -> dict[str, Any]:
     return {"type": "abort", "message": message, "status_code": 500,
             "err_type": "InternalServerError"}
@@ -289,7 +295,7 @@ class Engine:
         if old:
             tokens = torch.tensor([[s.output_ids[-1]] for s in old], device=runner.device)
             starts = torch.tensor([s.kv_len for s in old], device=runner.device)
-            hidden.append(runner.forward(0, tokens, starts)[:, 0])
+            hidden.append(runner.forward(0, tokens, starts, _vision_rows(old))[:, 0])
             for s in old:
                 s.kv_len += 1
         if new:
@@ -337,7 +343,7 @@ class Engine:
         t = max(len(f) for f in feeds)
         tokens = torch.tensor([f + [0] * (t - len(f)) for f in feeds], device=runner.device)
         starts = torch.zeros(len(new), dtype=torch.long, device=runner.device)
-        hid = runner.forward(r0, tokens, starts)
+        hid = runner.forward(r0, tokens, starts, _vision_rows(new))
         for b, s in enumerate(new):
             s.kv_len = len(feeds[b])
             if s.return_logprob and s.input_logprobs is None and not s.output_ids:

@@ -23,6 +23,7 @@ from servers.request import NormalizedGenerate, normalize_generate
 from servers.responses import build_output
 from servers.sequence import Sequence
 from servers.state import ServerState
+from servers.vision import attach_images
 
 logger = logging.getLogger(__name__)
 router = APIRouter()
@@ -153,11 +154,15 @@ async def generate(obj: GenerateReqInput, request: Request) -> Response:
     try:
         norm = normalize_generate(raw, state.runner.vocab_size)
         prompts = _tokenize(state, norm)
+        visions = attach_images(state.runner.vision, raw, norm.items, prompts,
+                                state.runner.context_len)
     except ValueError as e:
         if obj.stream:
             return StreamingResponse(_stream_error(str(e)), media_type="text/event-stream")
         return error_response(str(e))
     seqs = _sequences(norm, prompts)
+    for s, vp in zip(seqs, visions):
+        s.vision = vp
     if norm.stream:
         return StreamingResponse(_stream(state, norm, seqs, request), media_type="text/event-stream")
     await state.wait_unpaused()

@@ -132,7 +132,7 @@ def create_app(state: ServerState) -> FastAPI:
             "reasoning_parser": None,
             "tool_call_parser": state.args.tool_call_parser,
             "disaggregation_mode": "null",
-            "has_image_understanding": False,
+            "has_image_understanding": state.runner.vision is not None,
             "has_audio_understanding": False,
             "model_type": getattr(cfg, "model_type", None),
             "architectures": getattr(cfg, "architectures", None),

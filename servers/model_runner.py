@@ -59,10 +59,18 @@ def is_embedding_model(config, is_embedding_flag: bool) -> bool:
     return classifier
 
 
-def model_class(is_generation: bool):
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+def model_class(is_generation: bool, is_vision_language: bool = False):
+    """A reward model loads as a sequence classifier, a vision-language model (it has a
+    ``vision_config``) with its own Auto class, anything else as a causal LM."""
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoModelForImageTextToText,
+        AutoModelForSequenceClassification,
+    )
 
-    return AutoModelForCausalLM if is_generation else AutoModelForSequenceClassification
+    if not is_generation:
+        return AutoModelForSequenceClassification
+    return AutoModelForImageTextToText if is_vision_language else AutoModelForCausalLM
 
 
 class ModelRunner:
@@ -88,7 +96,8 @@ class ModelRunner:
         self.dtype = resolve_dtype(dtype, getattr(config, "dtype", None) or getattr(config, "torch_dtype", None))
         # a reward model (sequence classifier) scores on /classify instead of generating
         self.is_generation = not is_embedding_model(config, is_embedding)
-        self.model = model_class(self.is_generation).from_pretrained(
+        is_vl = getattr(config, "vision_config", None) is not None
+        self.model = model_class(self.is_generation, is_vl).from_pretrained(
             self.model_path, dtype=self.dtype, attn_implementation="sdpa"
         ).to(self.device)
         self.model.eval()
@@ -116,6 +125,12 @@ class ModelRunner:
         )
         self.softcap = getattr(text_cfg, "final_logit_softcapping", None)
         self.decoder = self.model.base_model
+        self.vision = None  # servers.vision.VisionPreprocessor of a vision-language model
+        if is_vl and self.is_generation:
+            from servers.vision import VisionPreprocessor
+
+            self.vision = VisionPreprocessor(self.model_path, self.model)
+            self.decoder = self.model.model.language_model  # the text decoder under the tower
         self.lm_head = self.model.get_output_embeddings()  # None for a classifier
         self.score_head = None if self.is_generation else self.model.get_submodule("score")
         # Llama-style decoders (Llama, Qwen2, Mistral, ...) with only full-attention layers can be
@@ -142,12 +157,15 @@ class ModelRunner:
         return ids
 
     @torch.inference_mode()
-    def forward(self, r0: int, tokens: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
+    def forward(self, r0: int, tokens: torch.Tensor, starts: torch.Tensor,
+                vision: list | None = None) -> torch.Tensor:
         """Append ``tokens [B, T]`` to rows ``[r0, r0+B)`` whose new tokens start at ``starts``.
 
         Returns the last hidden states ``[B, T, H]``. Rows shorter than T are right-padded by the
         caller; their padded positions are written past the row's real tokens and overwritten
-        later, and the mask keeps every real query from seeing them.
+        later, and the mask keeps every real query from seeing them. ``vision``: one
+        ``servers.vision.VisionPrompt`` or None per row, for a vision-language model's rows with
+        images (their image embeddings and multimodal rope positions).
         """
         b, t = tokens.shape
         positions = starts.view(-1, 1) + torch.arange(t, device=self.device).view(1, -1)
@@ -155,26 +173,52 @@ class ModelRunner:
         self.cache.ensure(r0 + b, kv_len)
         self.cache.bind(r0, r0 + b, positions, kv_len)
         mask = causal_slot_mask(positions, kv_len)
+        embeds = rope = None
+        if vision is not None:
+            from servers.vision import rope_positions
+
+            embeds = self._embed_with_images(tokens, positions, vision)
+            rope = rope_positions(positions, vision)
         if self._lean:
-            return self._lean_forward(tokens, positions, mask)
+            return self._lean_forward(tokens, positions, mask, embeds, rope)
+        inputs = {"input_ids": tokens} if embeds is None else {"inputs_embeds": embeds}
         out = self.decoder(
-            input_ids=tokens,
-            position_ids=positions,
+            **inputs,
+            position_ids=positions if rope is None else rope,
             attention_mask=mask,
             use_cache=False,
             **{self._cache_kw: self.cache},
         )
         return out.last_hidden_state
 
-    def _lean_forward(self, tokens, positions, mask) -> torch.Tensor:
+    def _embed_with_images(self, tokens: torch.Tensor, positions: torch.Tensor,
+                           vision: list) -> torch.Tensor:
+        """Token embeddings with the vision tower's output on the prompt's image tokens."""
+        hidden = self.decoder.embed_tokens(tokens)
+        for b, vp in enumerate(vision):
+            if vp is None:
+                continue
+            n = vp.rope_positions.shape[1]
+            slot = (tokens[b] == vp.image_token_id) & (positions[b] < n)
+            if not bool(slot.any()):
+                continue  # decode steps: the images are already in the KV cache
+            feats = self.model.model.get_image_features(
+                vp.pixel_values.to(self.device), vp.image_grid_thw.to(self.device))
+            emb = torch.cat(list(feats.pooler_output)).to(hidden.dtype)
+            # the k-th image token of the prompt takes the k-th merged patch embedding
+            rank = torch.searchsorted(vp.image_slots.to(self.device), positions[b, slot])
+            hidden[b, slot] = emb[rank]
+        return hidden
+
+    def _lean_forward(self, tokens, positions, mask, embeds=None, rope=None) -> torch.Tensor:
         """The decoder's own modules, called without its output-capturing wrappers.
 
         Same modules and maths as ``decoder(...)`` (a test checks equality); it skips per-call
         bookkeeping that costs as much as the compute for small models.
         """
         dec = self.decoder
-        hidden = dec.embed_tokens(tokens)
-        pos_emb = dec.rotary_emb(hidden, positions)
+        hidden = dec.embed_tokens(tokens) if embeds is None else embeds
+        pos_emb = dec.rotary_emb(hidden, positions if rope is None else rope)
         for layer in dec.layers:
             hidden = layer(hidden, attention_mask=mask, position_embeddings=pos_emb,
                            position_ids=positions, use_cache=False,

@@ -124,9 +124,19 @@ def _dtype(name: str) -> torch.dtype:
 
 
 # ---- applying tensors to the model --------------------------------------------------------
+# Vision-language models (Qwen2-VL family) name their modules ``model.language_model.*`` and
+# ``model.visual.*`` in memory but save checkpoints under the original names ``model.*`` and
+# ``visual.*`` (SGLang's names too): a tensor is accepted under either.
+_CHECKPOINT_ALIASES = (("model.language_model.", "model."), ("model.visual.", "visual."))
+
+
 def _param_table(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     table = dict(model.named_parameters())
     table.update(dict(model.named_buffers()))
+    for name in list(table):
+        for prefix, saved in _CHECKPOINT_ALIASES:
+            if name.startswith(prefix):
+                table.setdefault(saved + name[len(prefix):], table[name])
     return table
 
 

@@ -87,10 +87,26 @@ def toy_assets(tmp_path_factory) -> Path:
     return root / "assets"
 
 
-
 @pytest.fixture(scope="session")
 def tiny_reward_model_dir(tiny_model_dir, tmp_path_factory) -> Path:
     """The tiny model's backbone under a one-label ``Qwen2ForSequenceClassification`` head."""
     from arealite.models.reward_model import reward_model_from_causal_lm
 
     return reward_model_from_causal_lm(tiny_model_dir, tmp_path_factory.mktemp("tiny_rm"))
+
+
+@pytest.fixture(scope="session")
+def tiny_vl_model_dir(tmp_path_factory) -> Path:
+    """An HF directory with the tiny Qwen2-VL model, its tokenizer and image processor."""
+    from arealite.models.tiny import TinyModelSpec, build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny_vl_model"), TinyModelSpec(vision=True))
+
+
+@pytest.fixture(scope="session")
+def toy_vision_dir(tmp_path_factory) -> Path:
+    from arealite.dataset.toy_vision import write_toy_vision
+
+    out = tmp_path_factory.mktemp("toy_vision")
+    write_toy_vision(out, n_train=64, n_valid=32, seed=0)
+    return out

@@ -44,6 +44,9 @@ class ModelRequest:
     input_ids: list[int] = field(default_factory=list)
     gconfig: GenerationHyperparameters = field(default_factory=GenerationHyperparameters)
     metadata: dict[str, Any] = field(default_factory=dict)
+    # the prompt's images, in the order of its image placeholders: file paths, file:// URLs
+    # or base64 (SGLang's ``image_data``); the prompt's ids hold their tokens
+    image_data: list[str] | None = None
 
     def validate(self) -> bytes:
         """Raise ``ValueError`` on a request no server could serve (checked before any HTTP);

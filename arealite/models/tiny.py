@@ -12,11 +12,16 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 PAD_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 SPECIAL_TOKENS = [PAD_TOKEN, IM_START, IM_END]
+# Qwen2-VL's vision tokens: an image is <|vision_start|> <|image_pad|> x N <|vision_end|>
+VISION_START, VISION_END = "<|vision_start|>", "<|vision_end|>"
+IMAGE_PAD, VIDEO_PAD = "<|image_pad|>", "<|video_pad|>"
+VISION_TOKENS = [VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD]
 
 # Qwen2.5-style template; ``add_generation_prompt`` opens the assistant turn. Plain chats render
 # exactly as Qwen2's; with ``tools`` the system turn lists them (name and parameter names only,
@@ -74,9 +79,12 @@ class TinyModelSpec:
     # text the tokenizer is trained on: "toy_math", or "toy_tools" (toy math plus calculator
     # tool-call traces, so a tool call is tens of tokens rather than one per character)
     corpus: str = "toy_math"
+    # a Qwen2-VL vision-language model (arealite.models.tiny_vl) instead of a text-only Qwen2;
+    # its tokenizer also carries the vision tokens and the toy vision task's questions
+    vision: bool = False
 
 
-def _tokenizer_corpus(seed: int, corpus: str = "toy_math") -> list[str]:
+def _tokenizer_corpus(seed: int, corpus: str = "toy_math", vision: bool = False) -> list[str]:
     from arealite.dataset.toy_math import generate_toy_math
 
     if corpus not in ("toy_math", "toy_tools"):
@@ -92,6 +100,10 @@ def _tokenizer_corpus(seed: int, corpus: str = "toy_math") -> list[str]:
         from arealite.dataset.toy_tools import corpus_texts
 
         texts += corpus_texts(seed=seed)
+    if vision:
+        from arealite.dataset.toy_vision import corpus_texts as vision_texts
+
+        texts += vision_texts()
     return texts
 
 
@@ -108,18 +120,18 @@ def build_tokenizer(out_dir: str | Path, spec: TinyModelSpec | None = None):
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=spec.vocab_size,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=SPECIAL_TOKENS + (VISION_TOKENS if spec.vision else []),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_tokenizer_corpus(spec.seed, spec.corpus), trainer=trainer)
+    tok.train_from_iterator(_tokenizer_corpus(spec.seed, spec.corpus, spec.vision), trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token=IM_END,
         pad_token=PAD_TOKEN,
         bos_token=None,
         unk_token=None,
-        additional_special_tokens=[IM_START],
+        additional_special_tokens=[IM_START] + (VISION_TOKENS if spec.vision else []),
     )
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(str(out_dir))
@@ -128,10 +140,13 @@ def build_tokenizer(out_dir: str | Path, spec: TinyModelSpec | None = None):
 
 def build_tiny_model(out_dir: str | Path, spec: TinyModelSpec | None = None) -> Path:
     """Build tokenizer + randomly initialised Qwen2 model into ``out_dir`` (an HF directory)."""
-    import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2Config, Qwen2ForCausalLM
 
     spec = spec or TinyModelSpec()
+    if spec.vision:
+        from arealite.models.tiny_vl import build_tiny_vl_model
+
+        return build_tiny_vl_model(out_dir, spec)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tok = build_tokenizer(out, spec)
@@ -149,8 +164,17 @@ def build_tiny_model(out_dir: str | Path, spec: TinyModelSpec | None = None) -> 
         pad_token_id=tok.pad_token_id,
         torch_dtype="float32",
     )
+    return save_random_model(out, Qwen2ForCausalLM, config, tok, spec)
+
+
+def save_random_model(out: Path, model_cls: Any, config: Any, tok: Any, spec: TinyModelSpec) -> Path:
+    """``model_cls(config)`` with the spec's seeded random weights, its generation config (EOS,
+    pad) and the spec, saved into ``out``."""
+    import torch
+    from transformers import GenerationConfig
+
     torch.manual_seed(spec.seed)
-    model = Qwen2ForCausalLM(config)
+    model = model_cls(config)
     model.generation_config = GenerationConfig(
         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
     )

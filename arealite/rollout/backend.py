@@ -54,6 +54,11 @@ class GenerateProtocol(Protocol):
     native_transfer: Callable[[], Any] | None
     weight_checksums: bool  # /weights_checker answers hashes comparable with the trainer's
 
+    def add_image_data(self, body: bytes, image_data: list[str]) -> bytes:
+        """``body`` with a request's images (paths, file URLs or base64); ValueError where the
+        backend's adapter takes none."""
+        ...
+
     def pause_call(self, mode: str) -> tuple[str, dict[str, Any] | None]:
         """(path, JSON body or None) of the pause before an update (``pause_mode``)."""
         ...

@@ -17,7 +17,7 @@ embedded ones) and the owner of the rollout executor.
   ``weight_version``); a non-integer version string (SGLang's launch default ``"default"``) is
   read as the engine's version when the request started (see ``rollout.sglang_protocol``).
 - Bodies and answers belong to the backend's ``GenerateProtocol`` (``rollout.backend``; SGLang's
-  by default): another backend is another protocol object, not another client.
+  by default, with ``image_data`` for a request's images): another backend is another protocol.
 - The engine owns the event-loop thread (lent to the executor for its episodes) and the version
   clock (``self.clock``, shared with the executor's staleness gate and, through the constructor,
   with other engines of the same trainer rank).
@@ -26,8 +26,7 @@ embedded ones) and the owner of the rollout executor.
   Servers that fail an update leave the pool; the health probe re-admits a server only when its
   reported version is current (re-syncing it from disk first when the last update was a disk
   update).
-- ``ModelResponse.ttft`` is the time until the first segment that produced tokens returned
-  (requests are not streamed, so it is an upper bound on the true time to first token).
+- ``ModelResponse.ttft``: time until the first segment with tokens returned (an upper bound).
 """
 
 from __future__ import annotations
@@ -205,9 +204,8 @@ class RemoteSGLangEngine(InferenceEngine):
         """One sample for ``req``: segments (a pause for a weight update aborts one; the next
         resumes with prompt + tokens so far) and, within each, attempts on healthy servers.
 
-        One coroutine frame for all of it, segments and attempts as loops rather than awaited
-        helpers: every await level costs on each resume of the request, and this is the
-        client's per-request hot path (see ``benchmarks/client_overhead.py``).
+        One coroutine frame for all of it, segments and attempts as loops, not awaited helpers:
+        every await level costs on each resume of this hot path (benchmarks/client_overhead.py).
         """
         ids_json = req.validate()
         pool = self.pool
@@ -226,7 +224,9 @@ class RemoteSGLangEngine(InferenceEngine):
         # The response's own copy of the prompt (never mutated) is also the first body's ids.
         prompt = list(req.input_ids)
         proto = self.protocol
+        images = req.image_data  # sent again with every segment: the prompt holds their tokens
         body = proto.encode_generate_body(prompt, g, max_new, self._segment_rid(rid), 0, ids_json)
+        body = proto.add_image_data(body, images) if images else body
         tokens: list[int] | None = None  # then the first segment's lists, no copies
         logprobs: list[float] | None = None
         versions: list[int] | None = None
@@ -306,8 +306,8 @@ class RemoteSGLangEngine(InferenceEngine):
             if empty_aborts:  # repeated empty aborts while not paused: do not spin
                 await asyncio.sleep(min(0.05 * empty_aborts, 1.0))
             body = proto.encode_generate_body(
-                prompt + tokens, g, max_new - done, self._segment_rid(rid), done
-            )
+                prompt + tokens, g, max_new - done, self._segment_rid(rid), done)
+            body = proto.add_image_data(body, images) if images else body
         latency = time.monotonic() - t0
         return ModelResponse(
             prompt, tokens, logprobs, versions, stop_reason, latency,

@@ -140,6 +140,13 @@ def encode_generate_body(
     )
 
 
+def add_image_data(body: bytes, image_data: list[str]) -> bytes:
+    """``body`` (a JSON object) with SGLang's ``image_data``: one prompt's list of images."""
+    if not body.endswith(b"}"):
+        raise ValueError("a /generate body must be a JSON object")
+    return body[:-1] + b',"image_data":' + json.dumps(list(image_data)).encode() + b"}"
+
+
 def parse_version(value: Any, fallback: int) -> int:
     """``"3"`` -> 3; ``"default"``, None or anything non-integer -> ``fallback``."""
     if type(value) is str:  # what servers send; int() ignores surrounding whitespace
@@ -257,6 +264,7 @@ class SGLangProtocol:
     generate_path = "/generate"
     encode_generate_body = staticmethod(encode_generate_body)
     parse_generate_response = staticmethod(parse_generate_response)
+    add_image_data = staticmethod(add_image_data)
     version_info = "model_info"  # GET /model_info -> {"weight_version": "3", ...}
     continue_path = "/continue_generation"
     update_session_paths = ("/begin_weight_update", "/end_weight_update")  # 404 tolerated

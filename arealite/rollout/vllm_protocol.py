@@ -149,6 +149,11 @@ class VLLMProtocol:
     generate_path = "/inference/v1/generate"
     encode_generate_body = staticmethod(encode_generate_body)
     parse_generate_response = staticmethod(parse_generate_response)
+
+    @staticmethod
+    def add_image_data(body: bytes, image_data: list[str]) -> bytes:
+        raise ValueError("the vLLM backend adapter does not send images (image_data); "
+                         "use the SGLang protocol (embedded or SGLang servers) for image prompts")
     version_info = "weight_info"  # GET /weight_info -> {"weight_version": "3"}
     continue_path = "/resume"
     update_session_paths = None  # no begin/end of an update

@@ -25,6 +25,7 @@ from arealite.api.workflow_factory import build_workflow
 from arealite.dataset.loader import create_dataloader, load_rows
 from arealite.engine.ppo.actor import FSDPPPOActor
 from arealite.launcher.vllm_server import on_cpu
+from arealite.models.processor import vision_processor
 from arealite.rollout.data_cycle import DataCycle
 from arealite.rollout.dynamic_sampling import GroupRewardFilter, rollout_full_batch
 from arealite.rollout.protocols import protocol_for, weight_update_for
@@ -82,11 +83,13 @@ def main(argv: list[str] | None = None) -> int:
         ref.initialize(None, None)
     # A reward-model pool, when configured: the training workflow scores through it.
     rm = RemoteRewardModelEngine(config.reward_model) if config.reward_model else None
+    processor = vision_processor(config.actor.path)  # a vision-language model's workflow needs it
+    extra = {"processor": processor} if processor is not None else {}
     rm_kw = {"reward_model": rm} if rm is not None else {}
-    workflow = build_workflow(config.workflow, config.gconfig, tokenizer, **rm_kw)
+    workflow = build_workflow(config.workflow, config.gconfig, tokenizer, **extra, **rm_kw)
     eval_gconfig = config.eval_gconfig or config.gconfig.new(n_samples=1, greedy=True, temperature=0.0)
     # evaluation keeps the rule reward alone: held-out accuracy stays the verifiable one
-    eval_workflow = build_workflow(config.workflow, eval_gconfig, tokenizer)
+    eval_workflow = build_workflow(config.workflow, eval_gconfig, tokenizer, **extra)
     eval_fn = load_eval_fn(config.evaluator.eval_fn)
 
     def run_eval(version: int) -> dict[str, float]:  # drains the training rollout first

@@ -17,6 +17,8 @@ import torch
 from arealite.api.config import SFTConfig
 from arealite.api.io_struct import SaveLoadMeta
 from arealite.engine.sft.lm_engine import FSDPLMEngine, build_sft_batch
+from arealite.engine.sft.vision_batch import build_vision_sft_batch
+from arealite.models.processor import vision_processor
 from arealite.trainer.offline_setup import start_offline_run
 from arealite.utils import stats_tracker
 from arealite.utils.stats_logger import StatsLogger
@@ -24,6 +26,10 @@ from arealite.utils.timing import FreqController
 
 
 def to_batch(config: SFTConfig, tokenizer: Any, rows: list[dict]) -> dict[str, torch.Tensor]:
+    if hasattr(tokenizer, "image_processor"):  # a vision-language model's processor: rows have images
+        return build_vision_sft_batch(tokenizer, [str(r[config.prompt_key]) for r in rows],
+                                      [r["images"] for r in rows],
+                                      [str(r[config.completion_key]) for r in rows])
     return build_sft_batch(
         tokenizer,
         [str(r[config.prompt_key]) for r in rows],
@@ -46,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     config: SFTConfig = run.config
     rank, tokenizer, loader, ft, total = run.rank, run.tokenizer, run.loader, run.ft, run.total_steps
     valid_rows = run.valid_rows
+    processor = vision_processor(config.model.path)  # a vision-language model's batches need it
 
     engine = FSDPLMEngine(config.model, config.device, config.dist_backend, config.seed)
     engine.initialize(None, ft)
@@ -56,11 +63,11 @@ def main(argv: list[str] | None = None) -> int:
     for epoch in range(config.total_train_epochs):
         loader.sampler.set_epoch(epoch)
         for rows in loader:
-            stats = engine.train_lm(to_batch(config, tokenizer, rows))
+            stats = engine.train_lm(to_batch(config, processor or tokenizer, rows))
             step += 1
             last = step >= total
             if valid_rows and (eval_ctl.check(epochs=0, steps=1) or last):
-                stats.update(evaluate(engine, config, tokenizer, valid_rows))
+                stats.update(evaluate(engine, config, processor or tokenizer, valid_rows))
                 target = config.stop_at_valid_accuracy
                 reached = target is not None and stats["valid/accuracy"] >= target
             stats.update(stats_tracker.export())
@@ -70,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         if step >= total or reached:
             break
     engine.save(SaveLoadMeta(out_dir, "hf", tokenizer=tokenizer))
+    if processor is not None and rank == 0:  # servers and workflows load it from the model dir
+        processor.image_processor.save_pretrained(out_dir)
     if rank == 0:
         print(f"SFT done after {step} steps; model saved to {out_dir}", flush=True)
     logger.close()

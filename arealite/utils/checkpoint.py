@@ -62,19 +62,27 @@ def save_hf(
 
 
 def auto_model_class(model_kind: str = "causal_lm"):
-    """The transformers Auto class for a model kind: ``causal_lm``, ``value`` (critic) or
-    ``reward`` (a reward model: sequence classification, one label)."""
+    """The transformers Auto class for a model kind: ``causal_lm``, ``value`` (critic),
+    ``reward`` (a reward model: sequence classification, one label) or ``image_text`` (a
+    vision-language model)."""
     from transformers import (
         AutoModelForCausalLM,
+        AutoModelForImageTextToText,
         AutoModelForSequenceClassification,
         AutoModelForTokenClassification,
     )
 
     kinds = {"causal_lm": AutoModelForCausalLM, "value": AutoModelForTokenClassification,
-             "reward": AutoModelForSequenceClassification}
+             "reward": AutoModelForSequenceClassification, "image_text": AutoModelForImageTextToText}
     if model_kind not in kinds:
         raise ValueError(f"model_kind must be one of {sorted(kinds)}, got {model_kind!r}")
     return kinds[model_kind]
+
+
+def causal_kind(hf_config: Any) -> str:
+    """``image_text`` for a vision-language config (it has a ``vision_config``: transformers
+    builds those with ``AutoModelForImageTextToText``), else ``causal_lm``."""
+    return "image_text" if getattr(hf_config, "vision_config", None) is not None else "causal_lm"
 
 
 def load_hf_state_dict(

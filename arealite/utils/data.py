@@ -37,8 +37,14 @@ def seqlens_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return lens.long()
 
 
+# per-row values whose dim 1 is not the token axis, whatever its length (a row's image patches)
+NON_TOKEN_KEYS = frozenset({"pixel_values", "image_grid_thw"})
+
+
 def is_token_key(data: TensorDict, key: str) -> bool:
     """True for values shaped like ``input_ids`` (``[B, S, ...]``)."""
+    if key in NON_TOKEN_KEYS:
+        return False
     ref = data["input_ids"]
     v = data[key]
     return v.dim() >= 2 and tuple(v.shape[:2]) == tuple(ref.shape[:2])

@@ -189,3 +189,30 @@ def test_disk_upload_writes_marker_last(engine, tmp_path):
     weights = tmp_path / "w" / "model.safetensors"
     assert weights.stat().st_mtime_ns <= marker.stat().st_mtime_ns
     assert not (tmp_path / "w" / "arealite_weights_ready.json.tmp").exists()
+
+
+def test_vision_sft_batch_trains_with_images(tiny_vl_model_dir, toy_vision_dir):
+    """SFT rows with images: the loss falls on a fixed batch, and the images matter to it."""
+    import json
+
+    from arealite.engine.sft.lm_engine import FSDPLMEngine
+    from arealite.engine.sft.vision_batch import build_vision_sft_batch
+    from arealite.models.tiny_vl import load_processor
+
+    rows = [json.loads(x) for x in (toy_vision_dir / "train.jsonl").read_text().splitlines()][:8]
+    proc = load_processor(tiny_vl_model_dir)
+    batch = build_vision_sft_batch(proc, [r["question"] for r in rows], [r["images"] for r in rows],
+                                   [r["answer"] for r in rows])
+    assert batch["pixel_values"].shape[0] == 8 and batch["image_token_mask"].sum() == 8 * 16
+    e = FSDPLMEngine(engine_config(tiny_vl_model_dir, max_tokens_per_mb=128), device="cpu",
+                     backend="gloo")
+    e.initialize(None, FinetuneSpec(total_train_epochs=1, dataset_size=80, train_batch_size=8))
+    try:
+        first = e.evaluate_lm(batch)
+        swapped = dict(batch, pixel_values=batch["pixel_values"].roll(1, 0))
+        assert e.evaluate_lm(swapped) != first  # the images reach the loss
+        for _ in range(5):
+            e.train_lm(batch)
+        assert e.evaluate_lm(batch) < first
+    finally:
+        e.destroy()
