@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from arealite.api.algorithm_config import PPOAlgorithmOptions
 from arealite.api.config_base import BaseConfig
+from arealite.api.lora_config import LoRAConfig
 
 # Re-exported: one config tree, whichever module a class is written in.
 from arealite.api.run_config import (  # noqa: F401
@@ -123,6 +124,9 @@ class TrainEngineConfig(BaseConfig):
         "auto", description="Attention kernel; auto picks flash-attn varlen on CUDA when present, "
         "else segments (per-sequence SDPA, no dense mask); sdpa/eager use a dense [T, T] mask.",
     )
+    lora: LoRAConfig | None = Field(
+        None, description="Train a LoRA adapter (peft) over frozen base weights; null trains "
+        "every weight. See docs/quickstart.md#lora.")
 
 
 class PPOActorConfig(TrainEngineConfig, PPOAlgorithmOptions):
