@@ -21,6 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from servers import (
     control_routes,
     generate_route,
+    lora_routes,
     memory_occupation,
     openai_routes,
     openapi_schema,
@@ -61,6 +62,7 @@ def create_app(state: ServerState) -> FastAPI:
     app.include_router(openai_routes.router)
     app.include_router(memory_occupation.router)
     app.include_router(weights_checker.router)
+    app.include_router(lora_routes.router)
     openapi_schema.install(app, state.runner.vocab_size)
 
     @app.exception_handler(RequestValidationError)

@@ -45,9 +45,15 @@ def is_lora_model(model: nn.Module | None) -> bool:
     return model is not None and hasattr(model, "peft_config")
 
 
+def is_adapter_param(name: str) -> bool:
+    """An adapter parameter of ``wrap_with_lora``'s model (by name: a frozen copy of the
+    model, e.g. one without an optimizer, holds them too)."""
+    return f".{ADAPTER_NAME}." in name and ".lora_" in name
+
+
 def adapter_param_names(model: nn.Module) -> list[str]:
-    """Names of the adapter's parameters in ``model`` (the trainable ones)."""
-    return [n for n, p in model.named_parameters() if p.requires_grad]
+    """Names of the adapter's parameters in ``model``."""
+    return [n for n, _ in model.named_parameters() if is_adapter_param(n)]
 
 
 def saved_key(param_name: str) -> str:
@@ -73,7 +79,7 @@ def gather_adapter(model: nn.Module) -> dict[str, torch.Tensor] | None:
 
     out: dict[str, torch.Tensor] = {}
     for name, p in model.named_parameters():
-        if not p.requires_grad:
+        if not is_adapter_param(name):
             continue
         full = p.full_tensor() if isinstance(p, DTensor) else p
         if _rank() == 0:

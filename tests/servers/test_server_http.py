@@ -241,3 +241,12 @@ def test_closing_a_stream_aborts_its_request(server):
         time.sleep(0.05)
     assert st["num_running_reqs"] == 0 and st["num_queue_reqs"] == 0
     assert aborted() - before == 8  # cut short, not run to the end
+
+
+def test_lora_endpoints_without_enable_lora(server):
+    """A server started without --enable-lora refuses adapters with SGLang's message."""
+    r = post(server, "/load_lora_adapter", {"lora_name": "a", "lora_path": "/x"})
+    assert r.status_code == 400 and "--enable-lora" in r.json()["error_message"]
+    r = post(server, "/generate", {"input_ids": [5, 6], "lora_path": "a",
+                                   "sampling_params": {"max_new_tokens": 2}})
+    assert r.status_code == 400 and "--enable-lora" in r.text
