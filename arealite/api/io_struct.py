@@ -173,6 +173,9 @@ class WeightUpdateMeta:
     # during the transfer): the trainer's upload stops waiting for peers that will never come
     # and fails at once, instead of waiting out ``timeout`` (push_weights then retries).
     abort_reason: str | None = None
+    # LoRA: ``path`` holds only an adapter (peft's format), loaded under this name beside the
+    # older versions (``/load_lora_adapter``), with no pause (arealite.rollout.lora_adapters).
+    lora_name: str | None = None
 
     def __post_init__(self) -> None:
         self.type = WeightUpdateType(self.type)

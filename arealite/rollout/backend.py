@@ -48,6 +48,7 @@ class GenerateProtocol(Protocol):
     required_endpoints: tuple[tuple[str, str], ...]  # (method, path) probed at start-up
     supports_broadcast: bool  # SGLang's /init_weights_update_group protocol
     weight_checksums: bool  # /weights_checker answers hashes comparable with the trainer's
+    lora_paths: tuple[str, str]  # POST paths that load / unload a LoRA adapter by name
 
     def pause_call(self, mode: str) -> tuple[str, dict[str, Any] | None]:
         """(path, JSON body or None) of the pause before an update (``pause_mode``)."""
@@ -62,11 +63,12 @@ class GenerateProtocol(Protocol):
 
     def encode_generate_body(
         self, input_ids: list[int], g: GenerationHyperparameters, max_new_tokens: int,
-        rid: str, generated: int = 0, ids_json: bytes | None = None,
+        rid: str, generated: int = 0, ids_json: bytes | None = None, lora: str | None = None,
     ) -> bytes:
         """The JSON body of one segment: ``input_ids`` (prompt + tokens so far), at most
         ``max_new_tokens`` more, ``generated`` tokens already produced (for ``min_new_tokens``
-        and the like), the server-side ``rid``; ``ids_json`` is ``input_ids`` already encoded."""
+        and the like), the server-side ``rid``; ``ids_json`` is ``input_ids`` already encoded;
+        ``lora`` the name of the LoRA adapter to run on (None: the base model)."""
         ...
 
     def parse_generate_response(self, body: Any, fallback_version: int) -> Segment:
