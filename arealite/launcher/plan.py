@@ -219,7 +219,11 @@ def _vllm_specs(config: GRPOConfig, model_path: str, ports: list[int],
         seed = None if sg.random_seed is None else sg.random_seed + i
         cmd, extra = vllm_server.vllm_command(model_path, lc.server_host, port, sg, seed, cpu,
                                               secrets.get(keys.API_KEY_ENV), environ)
-        env = {**_server_env(lc, i, secrets, environ), **extra}
+        flags, lora_env = vllm_server.lora_flags(config.actor.lora,
+                                                 config.rollout.max_head_offpolicyness)
+        cut = len(cmd) - len(sg.extra_args)  # the user's extra args stay last
+        cmd = cmd[:cut] + flags + cmd[cut:]
+        env = {**_server_env(lc, i, secrets, environ), **extra, **lora_env}
         specs.append(ProcSpec(f"server{i}", cmd, env,
                               addr=f"{advertised_host(lc.server_host)}:{port}"))
     return specs
