@@ -173,6 +173,8 @@ class FSDPEngine(TrainEngine):
             else:
                 full = ckpt.load_hf_state_dict(self.config.path, dtype, self.model_kind)
         if self.config.lora is not None:
+            if self.model_kind != "causal_lm":  # its fresh value head would stay frozen
+                raise ValueError("lora is supported on causal LMs only, not on a value model")
             model, full = self._wrap_lora(model, full)
         offload = self.config.cpu_offload
         if offload and self.device.type != "cuda":

@@ -121,3 +121,14 @@ def test_bad_adapter_folder_and_target_modules(tiny_model_dir, tmp_path):
     with pytest.raises(ValueError, match="not a LoRA adapter folder"):
         e.load(SaveLoadMeta(path=str(tmp_path), weight_format="hf", with_optim=False))
     e.destroy()
+
+
+def test_a_lora_grpo_run_must_push_through_disk():
+    from arealite.api.config import GRPOConfig
+
+    with pytest.raises(ValueError, match="weight_update.type=disk"):
+        GRPOConfig.model_validate({"actor": {"lora": {"rank": 4}},
+                                   "weight_update": {"type": "distributed"}})
+    cfg = GRPOConfig.model_validate({"actor": {"lora": {"rank": 4}},
+                                     "weight_update": {"type": "disk"}})
+    assert cfg.actor.lora.rank == 4
