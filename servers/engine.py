@@ -56,8 +56,10 @@ class Engine:
         max_running_requests: int = 256,
         max_prefill_tokens: int = 16384,
         random_seed: int | None = None,
+        max_loras_per_batch: int = 8,
     ) -> None:
         self.runner = runner
+        self.max_loras_per_batch = max_loras_per_batch
         self.weight_version = weight_version
         self.max_running = max_running_requests
         self.max_prefill_tokens = max_prefill_tokens
@@ -276,10 +278,16 @@ class Engine:
     def _admit(self) -> list[Sequence]:
         new: list[Sequence] = []
         longest = 0
+        loras = {s.lora for s in self.running if s.lora is not None}
         while self.waiting and len(self.running) + len(new) < self.max_running:
             n = len(self.waiting[0].prompt) + len(self.waiting[0].output_ids)
             if new and max(longest, n) * (len(new) + 1) > self.max_prefill_tokens:
                 break
+            lora = self.waiting[0].lora
+            if lora is not None and lora not in loras:
+                if len(loras) >= self.max_loras_per_batch:
+                    break  # --max-loras-per-batch: waits for a running adapter to finish
+                loras.add(lora)
             longest = max(longest, n)
             seq = self.waiting.popleft()
             seq.ever_ran = True
@@ -295,7 +303,8 @@ class Engine:
         if old:
             tokens = torch.tensor([[s.output_ids[-1]] for s in old], device=runner.device)
             starts = torch.tensor([s.kv_len for s in old], device=runner.device)
-            hidden.append(runner.forward(0, tokens, starts, _vision_rows(old))[:, 0])
+            hidden.append(runner.forward(0, tokens, starts, _vision_rows(old),
+                                         [s.lora for s in old])[:, 0])
             for s in old:
                 s.kv_len += 1
         if new:
@@ -343,7 +352,7 @@ class Engine:
         t = max(len(f) for f in feeds)
         tokens = torch.tensor([f + [0] * (t - len(f)) for f in feeds], device=runner.device)
         starts = torch.zeros(len(new), dtype=torch.long, device=runner.device)
-        hid = runner.forward(r0, tokens, starts, _vision_rows(new))
+        hid = runner.forward(r0, tokens, starts, _vision_rows(new), [s.lora for s in new])
         for b, s in enumerate(new):
             s.kv_len = len(feeds[b])
             if s.return_logprob and s.input_logprobs is None and not s.output_ids:

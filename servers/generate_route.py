@@ -18,6 +18,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from servers.contract import ContractError, check_generate_body
+from servers.lora import request_adapters
 from servers.openapi_schema import GenerateReqInput
 from servers.request import NormalizedGenerate, normalize_generate
 from servers.responses import build_output
@@ -156,13 +157,15 @@ async def generate(obj: GenerateReqInput, request: Request) -> Response:
         prompts = _tokenize(state, norm)
         visions = attach_images(state.runner.vision, raw, norm.items, prompts,
                                 state.runner.context_len)
+        loras = request_adapters(state.runner.lora, raw.get("lora_path"), len(norm.items))
     except ValueError as e:
         if obj.stream:
             return StreamingResponse(_stream_error(str(e)), media_type="text/event-stream")
         return error_response(str(e))
     seqs = _sequences(norm, prompts)
-    for s, vp in zip(seqs, visions):
+    for s, vp, adapter in zip(seqs, visions, loras):
         s.vision = vp
+        s.lora = adapter
     if norm.stream:
         return StreamingResponse(_stream(state, norm, seqs, request), media_type="text/event-stream")
     await state.wait_unpaused()

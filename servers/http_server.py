@@ -22,6 +22,7 @@ from servers import (
     control_routes,
     embedding_route,
     generate_route,
+    lora_routes,
     memory_occupation,
     openai_routes,
     openapi_schema,
@@ -65,6 +66,7 @@ def create_app(state: ServerState) -> FastAPI:
     app.include_router(memory_occupation.router)
     app.include_router(weights_checker.router)
     app.include_router(tensor_update.router)
+    app.include_router(lora_routes.router)
     openapi_schema.install(app, state.runner.vocab_size)
 
     @app.exception_handler(RequestValidationError)

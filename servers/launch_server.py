@@ -48,7 +48,16 @@ def main(argv: list[str] | None = None) -> int:
         runner, weight_version=args.weight_version,
         max_running_requests=args.max_running_requests or 256,
         max_prefill_tokens=args.max_prefill_tokens, random_seed=args.random_seed,
+        max_loras_per_batch=args.max_loras_per_batch,
     )
+    if args.enable_lora:
+        from servers.lora import LoRAError, enable_lora
+
+        try:
+            enable_lora(runner, args)
+        except (LoRAError, ValueError) as e:
+            logging.getLogger("servers").error("--lora-paths: %s", e)
+            return 2
     state = ServerState(args=args, runner=runner, engine=engine,
                         detok=Detokenizer(runner.tokenizer), model_path=args.model_path)
     app = create_app(state)

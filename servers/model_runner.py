@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from servers.kv_cache import SlotKVCache, causal_slot_mask
+from servers.lora import LoRAManager
 
 logger = logging.getLogger(__name__)
 
@@ -143,6 +144,7 @@ class ModelRunner:
         # is deprecated there and goes in 5.40); older versions know only ``past_key_values``.
         self._cache_kw = cache_kwarg(self.decoder.forward)
         self._layer_cache_kw = cache_kwarg(self.decoder.layers[0].forward) if self._lean else ""
+        self.lora: LoRAManager | None = None  # set by the launcher under --enable-lora
 
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()
@@ -158,8 +160,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, r0: int, tokens: torch.Tensor, starts: torch.Tensor,
-                vision: list | None = None) -> torch.Tensor:
-        """Append ``tokens [B, T]`` to rows ``[r0, r0+B)`` whose new tokens start at ``starts``.
+                vision: list | None = None, loras: list | None = None) -> torch.Tensor:
+        """Append ``tokens [B, T]`` to rows ``[r0, r0+B)`` whose new tokens start at ``starts``;
+        ``loras`` names each row's LoRA adapter (None: the base model) when LoRA is enabled.
 
         Returns the last hidden states ``[B, T, H]``. Rows shorter than T are right-padded by the
         caller; their padded positions are written past the row's real tokens and overwritten
@@ -168,6 +171,8 @@ class ModelRunner:
         images (their image embeddings and multimodal rope positions).
         """
         b, t = tokens.shape
+        if self.lora is not None:
+            self.lora.set_rows(loras or [None] * b)
         positions = starts.view(-1, 1) + torch.arange(t, device=self.device).view(1, -1)
         kv_len = int(starts.max().item()) + t
         self.cache.ensure(r0 + b, kv_len)

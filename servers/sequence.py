@@ -70,6 +70,7 @@ class Sequence:
     num_retractions: int = 0
     ever_ran: bool = False  # had a row at least once (for "Abort in waiting queue")
     vision: Any = None  # servers.vision.VisionPrompt of a prompt with images
+    lora: Any = None  # the LoRAAdapter it runs on (held, so an unload lets it finish)
 
     # engine bookkeeping
     kv_len: int = 0  # tokens of prompt + output held in this sequence's KV row

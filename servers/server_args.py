@@ -47,6 +47,11 @@ class ServerArgs:
     tool_call_parser: str | None = None
     health_stall_timeout: float = 60.0
     is_embedding: bool = False
+    enable_lora: bool = False
+    lora_paths: list[str] = dataclasses.field(default_factory=list)
+    max_loras_per_batch: int = 8
+    max_lora_rank: int | None = None
+    lora_target_modules: list[str] = dataclasses.field(default_factory=list)
     launch_command: str = ""
 
     def weight_roots(self) -> list[str]:
@@ -123,6 +128,18 @@ def build_parser() -> argparse.ArgumentParser:
                         "is also detected without the flag) on /classify and /encode")
     p.add_argument("--allow-auto-truncate", action="store_true",
                    help="cut prompts and max_new_tokens to the context instead of answering 400")
+    lora = p.add_argument_group("LoRA adapters (SGLang's flags)")
+    lora.add_argument("--enable-lora", action="store_true", default=None,
+                      help="serve LoRA adapters (on by itself when --lora-paths is given)")
+    lora.add_argument("--lora-paths", nargs="*", default=[], metavar="ADAPTER",
+                      help='adapters loaded at start: PATH, NAME=PATH or JSON {"lora_name": '
+                           '..., "lora_path": ..., "pinned": ...}')
+    lora.add_argument("--max-loras-per-batch", type=int, default=8,
+                      help="distinct adapters in one running batch (others wait)")
+    lora.add_argument("--max-lora-rank", type=int, default=None,
+                      help="refuse adapters of a higher rank")
+    lora.add_argument("--lora-target-modules", nargs="*", default=[],
+                      help="refuse adapters on other modules (e.g. q_proj v_proj)")
     return p
 
 
@@ -169,6 +186,12 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
         v = getattr(ns, name)
         if v is not None and v < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    if ns.enable_lora is None:  # SGLang: --lora-paths alone turns LoRA on
+        ns.enable_lora = bool(ns.lora_paths)
+    if ns.lora_paths and not ns.enable_lora:
+        parser.error("--lora-paths needs LoRA enabled")
+    if ns.max_loras_per_batch < 1:
+        parser.error("--max-loras-per-batch must be >= 1")
     args = ServerArgs(**{k: v for k, v in vars(ns).items() if not k.endswith("_ignored")})
     shown = list(argv or sys.argv[1:])
     for i, a in enumerate(shown[:-1]):

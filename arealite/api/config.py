@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 from arealite.api.algorithm_config import PPOAlgorithmOptions
 from arealite.api.colocate_config import apply_colocate
 from arealite.api.config_base import BaseConfig
+from arealite.api.lora_config import LoRAConfig
 
 # Re-exported: one config tree, whichever module a class is written in.
 from arealite.api.run_config import (  # noqa: F401
@@ -124,6 +125,9 @@ class TrainEngineConfig(BaseConfig):
         "auto", description="Attention kernel; auto picks flash-attn varlen on CUDA when present, "
         "else segments (per-sequence SDPA, no dense mask); sdpa/eager use a dense [T, T] mask.",
     )
+    lora: LoRAConfig | None = Field(
+        None, description="Train a LoRA adapter (peft) over frozen base weights; null trains "
+        "every weight. See docs/quickstart.md#lora.")
 
 
 class PPOActorConfig(TrainEngineConfig, PPOAlgorithmOptions):
@@ -391,6 +395,9 @@ class GRPOConfig(BaseExperimentConfig):
             )
         if self.actor.kl_ctl > 0 and self.ref is None:
             raise ValueError("actor.kl_ctl > 0 needs a `ref` model")
+        if self.actor.lora is not None and self.weight_update.type != "disk":
+            raise ValueError("actor.lora pushes only its adapter, through disk: set "
+                             "weight_update.type=disk")
         opt = self.actor.optimizer
         if (self.total_train_seconds and self.total_train_steps is None and opt is not None
                 and opt.lr_scheduler_type != "constant"):

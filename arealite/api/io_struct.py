@@ -192,6 +192,9 @@ class WeightUpdateMeta:
     # ``target_failures`` (server -> reason; empty when every push landed), which ends the wait.
     targets: list[str] | None = None
     target_failures: dict[str, str] | None = None
+    # LoRA: ``path`` holds only an adapter (peft's format), loaded under this name beside the
+    # older versions (``/load_lora_adapter``), with no pause (arealite.rollout.lora_adapters).
+    lora_name: str | None = None
 
     def __post_init__(self) -> None:
         self.type = WeightUpdateType(self.type)

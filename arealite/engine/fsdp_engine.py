@@ -44,7 +44,7 @@ from arealite.api.io_struct import (
     WeightUpdateType,
 )
 from arealite.api.trajectory import TensorDict
-from arealite.engine import segment_attention
+from arealite.engine import lora, segment_attention
 from arealite.engine.prefix_pack import group_units, share_prefixes, shared_sizes
 from arealite.engine.tensor_upload import upload_by_reference
 from arealite.engine.vision_pack import VISION_KEYS, pack_images, patch_dim
@@ -178,6 +178,10 @@ class FSDPEngine(TrainEngine):
                 full = {k: v.detach().cpu() for k, v in model.state_dict().items()}
             else:
                 full = ckpt.load_hf_state_dict(self.config.path, dtype, self.load_kind)
+        if self.config.lora is not None:
+            if self.model_kind != "causal_lm":  # its fresh value head would stay frozen
+                raise ValueError("lora is supported on causal LMs only, not on a value model")
+            model, full = self._wrap_lora(model, full)
         offload = self.config.cpu_offload
         if offload and self.device.type != "cuda":
             logger.info("cpu_offload ignored: the model already lives on the CPU")
@@ -197,13 +201,30 @@ class FSDPEngine(TrainEngine):
         self._build_optimizer(ft_spec)
         self._uploader = DistributedUploader(self.backend, self.device)
 
+    def _wrap_lora(self, model: torch.nn.Module, full: dict[str, torch.Tensor]):
+        """The peft model (adapters on the configured modules, base frozen) and the full state
+        dict rank 0 broadcasts: the base weights are put in before wrapping (the adapter's
+        names differ), so rank 0's adapter init reaches every rank with them."""
+        if self.is_rank0:
+            model.load_state_dict(full)
+        torch.manual_seed(self.seed)
+        model = lora.wrap_with_lora(model, self.config.lora, self.model_kind)
+        if self.is_rank0:
+            full = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+        return model, full
+
+    @property
+    def is_lora(self) -> bool:
+        return self.config.lora is not None
+
     def _build_optimizer(self, ft_spec: FinetuneSpec | None) -> None:
         oc = self.config.optimizer
         if oc is None:
             self.model.requires_grad_(False)
             return
+        # only trainable parameters get optimizer state (with LoRA: the adapter alone)
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=oc.lr, betas=(oc.beta1, oc.beta2), eps=oc.eps,
+            [p for p in self.model.parameters() if p.requires_grad], lr=oc.lr, betas=(oc.beta1, oc.beta2), eps=oc.eps,
             weight_decay=oc.weight_decay,
         )
         total = ft_spec.total_train_steps if ft_spec is not None else 1
@@ -400,6 +421,9 @@ class FSDPEngine(TrainEngine):
         model = self._check_ready()
         # Summarised per step as timeperf/weight_upload; an info line per step drowned the console.
         with timer("weight_upload"):
+            if self.is_lora:
+                self._upload_adapter(model, meta)
+                return
             if meta.type == WeightUpdateType.DISK:
                 sd = ckpt.save_hf(model, meta.path)
                 if self.is_rank0:
@@ -414,11 +438,28 @@ class FSDPEngine(TrainEngine):
                 secs = self._uploader.upload(model, meta, self.is_rank0)
         logger.debug("uploaded weights v%d (%s) in %.3f s", meta.version, meta.type.value, secs)
 
+    def _upload_adapter(self, model: torch.nn.Module, meta: WeightUpdateMeta) -> None:
+        """LoRA: only the adapter moves, in peft's format at ``meta.path`` (the servers load it
+        with ``/load_lora_adapter`` beside the older versions), then the ready marker."""
+        if meta.type != WeightUpdateType.DISK:
+            raise ValueError("a LoRA run pushes its adapter through disk: set "
+                             "weight_update.type=disk")
+        lora.save_adapter(model, meta.path)
+        if self.is_rank0:
+            meta.write_disk_marker()
+        dist.barrier(group=self.dp_group)
+
     # ------------------------------------------------------------------ checkpoints
 
     def save(self, meta: SaveLoadMeta) -> None:
         model = self._check_ready()
-        if meta.weight_format == "hf":
+        if meta.weight_format == "hf" and self.is_lora:
+            # the adapter alone (peft's format); the base model is config.path
+            lora.save_adapter(model, meta.path)
+            if self.is_rank0 and meta.tokenizer is not None:
+                meta.tokenizer.save_pretrained(str(meta.path))
+            dist.barrier(group=self.dp_group)
+        elif meta.weight_format == "hf":
             ckpt.save_hf(model, meta.path, tokenizer=meta.tokenizer)
         elif meta.weight_format == "dcp":
             extra = {
@@ -433,7 +474,9 @@ class FSDPEngine(TrainEngine):
 
     def load(self, meta: SaveLoadMeta) -> None:
         model = self._check_ready()
-        if meta.weight_format == "hf":
+        if meta.weight_format == "hf" and self.is_lora:
+            lora.load_adapter(model, meta.path)
+        elif meta.weight_format == "hf":
             full = ckpt.load_hf_state_dict(meta.path, to_dtype(self.config.dtype),
                                            self.load_kind) if self.is_rank0 else {}
             load_full_state_dict(model, full)

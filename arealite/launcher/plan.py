@@ -179,10 +179,23 @@ def server_specs(
             cmd.append("--enable-metrics")
         if lc.server_backend == "embedded":  # the run's own folder: weight updates, checkpoints
             cmd += ["--weight-load-root", str(config.run_dir())]
+        cmd += lora_server_flags(config)
         cmd += list(sg.extra_args)
         specs.append(ProcSpec(f"server{i}", cmd, _server_env(lc, i, secrets, environ),
                               addr=f"{advertised_host(host)}:{port}"))
     return specs
+
+
+def lora_server_flags(config: GRPOConfig) -> list[str]:
+    """A LoRA run's servers load its adapters at run time (SGLang's flags; real SGLang needs
+    the rank and target modules up front); one batch slot per version within the staleness
+    bound, plus the evaluation's."""
+    lora = config.actor.lora
+    if lora is None:
+        return []
+    per_batch = max(8, config.rollout.max_head_offpolicyness + 2)
+    return ["--enable-lora", "--max-lora-rank", str(lora.rank), "--max-loras-per-batch",
+            str(per_batch), "--lora-target-modules", *lora.target_modules]
 
 
 def _server_env(lc: LauncherConfig, i: int, secrets: dict[str, str],
@@ -209,7 +222,11 @@ def _vllm_specs(config: GRPOConfig, model_path: str, ports: list[int],
         seed = None if sg.random_seed is None else sg.random_seed + i
         cmd, extra = vllm_server.vllm_command(model_path, lc.server_host, port, sg, seed, cpu,
                                               secrets.get(keys.API_KEY_ENV), environ)
-        env = {**_server_env(lc, i, secrets, environ), **extra}
+        flags, lora_env = vllm_server.lora_flags(config.actor.lora,
+                                                 config.rollout.max_head_offpolicyness)
+        cut = len(cmd) - len(sg.extra_args)  # the user's extra args stay last
+        cmd = cmd[:cut] + flags + cmd[cut:]
+        env = {**_server_env(lc, i, secrets, environ), **extra, **lora_env}
         specs.append(ProcSpec(f"server{i}", cmd, env,
                               addr=f"{advertised_host(lc.server_host)}:{port}"))
     return specs

@@ -53,6 +53,7 @@ class GenerateProtocol(Protocol):
     # per-WeightSync half (vllm_transfer.VLLMTransfer), or None (SGLang's group, if supported)
     native_transfer: Callable[[], Any] | None
     weight_checksums: bool  # /weights_checker answers hashes comparable with the trainer's
+    lora_paths: tuple[str, str]  # POST paths that load / unload a LoRA adapter by name
 
     def add_image_data(self, body: bytes, image_data: list[str]) -> bytes:
         """``body`` with a request's images (paths, file URLs or base64); ValueError where the
@@ -72,11 +73,12 @@ class GenerateProtocol(Protocol):
 
     def encode_generate_body(
         self, input_ids: list[int], g: GenerationHyperparameters, max_new_tokens: int,
-        rid: str, generated: int = 0, ids_json: bytes | None = None,
+        rid: str, generated: int = 0, ids_json: bytes | None = None, lora: str | None = None,
     ) -> bytes:
         """The JSON body of one segment: ``input_ids`` (prompt + tokens so far), at most
         ``max_new_tokens`` more, ``generated`` tokens already produced (for ``min_new_tokens``
-        and the like), the server-side ``rid``; ``ids_json`` is ``input_ids`` already encoded."""
+        and the like), the server-side ``rid``; ``ids_json`` is ``input_ids`` already encoded;
+        ``lora`` the name of the LoRA adapter to run on (None: the base model)."""
         ...
 
     def parse_generate_response(self, body: Any, fallback_version: int) -> Segment:

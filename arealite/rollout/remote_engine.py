@@ -3,29 +3,24 @@ embedded ones) and the owner of the rollout executor.
 
 - ``agenerate`` posts ``/generate`` with ``input_ids`` and ``return_logprob``; an aborted
   segment (a pause for a weight update) is resumed with prompt + tokens so far and the remaining
-  ``max_new_tokens``, after the engine is no longer paused; tokens, logprobs and versions of each
-  segment are appended exactly once. Each segment has its own server-side rid
-  (``<rid>-<n>``), so a resubmission never collides with a server's record of the previous
-  one; routing stays sticky on the caller's rid.
-- Failures: connection errors, timeouts (each attempt has ``request_timeout``) and
-  5xx/408/429 are retried, with backoff, on another healthy server (``request_retries`` times);
-  4xx is not retried and surfaces the server's own message; a request that runs out of retries
-  names every server's reason. A server failing ``unhealthy_after_failures`` calls in a row
-  leaves the rotation until the background probe (every ``health_check_interval``) sees it
-  healthy again.
+  ``max_new_tokens`` once the engine is no longer paused, each segment's tokens, logprobs and
+  versions appended exactly once, each under its own server-side rid ``<rid>-<n>`` (routing
+  stays sticky on the caller's rid).
+- Failures: connection errors, timeouts (``request_timeout`` per attempt) and 5xx/408/429 are
+  retried, with backoff, on another healthy server (``request_retries`` times); a 4xx is not
+  retried and surfaces the server's message. A server failing ``unhealthy_after_failures``
+  calls in a row leaves the rotation until the background probe sees it healthy again.
 - Versions: per output token, from the server's ``weight_versions`` spans (else its
-  ``weight_version``); a non-integer version string (SGLang's launch default ``"default"``) is
-  read as the engine's version when the request started (see ``rollout.sglang_protocol``).
-- Bodies and answers belong to the backend's ``GenerateProtocol`` (``rollout.backend``; SGLang's
-  by default, with ``image_data`` for a request's images): another backend is another protocol.
-- The engine owns the event-loop thread (lent to the executor for its episodes) and the version
-  clock (``self.clock``, shared with the executor's staleness gate and, through the constructor,
-  with other engines of the same trainer rank).
-- ``update_weights`` runs ``arealite.rollout.weight_sync`` on the engine's loop and returns a
-  ``concurrent.futures.Future``; the version moves only once every remaining server confirmed.
-  Servers that fail an update leave the pool; the health probe re-admits a server only when its
-  reported version is current (re-syncing it from disk first when the last update was a disk
-  update).
+  ``weight_version``; a non-integer one, SGLang's launch default ``"default"``, reads as the
+  engine's version when the request started). LoRA runs: the version of the adapter the segment
+  was sent with (``rollout.lora_adapters``).
+- Bodies and answers belong to the backend's ``GenerateProtocol`` (``rollout.backend``; with
+  ``image_data`` for a request's images): another backend is another protocol, not another client.
+- The engine owns the event-loop thread (lent to the executor) and the version clock
+  (``self.clock``, shared with the staleness gate and other engines of the same trainer rank).
+- ``update_weights`` runs ``rollout.weight_sync`` (LoRA: ``lora_adapters``) on the engine's loop,
+  returning a ``Future``; the version moves once every remaining server confirmed. A server that
+  fails an update leaves the pool until its version is current (re-synced from disk if need be).
 - ``ModelResponse.ttft``: time until the first segment with tokens returned (an upper bound).
 """
 
@@ -59,6 +54,7 @@ from arealite.rollout.backend import GenerateProtocol, ProtocolError
 from arealite.rollout.executor import WorkflowExecutor
 from arealite.rollout.health import check_endpoints, ready_for_readmission
 from arealite.rollout.loop_thread import LoopThread
+from arealite.rollout.lora_adapters import AdapterVersions
 from arealite.rollout.router import NoHealthyServer, ServerRouter
 from arealite.rollout.sglang_protocol import SGLANG
 from arealite.rollout.weight_check import fetch_weights, weight_mismatches
@@ -127,6 +123,7 @@ class RemoteSGLangEngine(InferenceEngine):
         self._segment_ids = itertools.count(1)  # next() is atomic: shared by threads
         self.verifier = WeightVerifier(self.weight_sync, config.weight_update_timeout,
                                        self._admin_headers)
+        self.adapters = AdapterVersions(config.max_head_offpolicyness)  # LoRA runs' adapters
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -191,10 +188,8 @@ class RemoteSGLangEngine(InferenceEngine):
 
         await asyncio.gather(*(probe(a) for a in addrs))
         if reasons:
-            raise TimeoutError(
-                f"servers not healthy after {timeout:.0f} s: "
-                + "; ".join(f"{a} ({r})" for a, r in reasons.items())
-            )
+            raise TimeoutError(f"servers not healthy after {timeout:.0f} s: "
+                               + "; ".join(f"{a} ({r})" for a, r in reasons.items()))
         await check_api_key(session, addrs, timeout, self.keys)
         await check_endpoints(session, addrs, self.protocol, timeout, self._admin_headers)
 
@@ -225,7 +220,9 @@ class RemoteSGLangEngine(InferenceEngine):
         prompt = list(req.input_ids)
         proto = self.protocol
         images = req.image_data  # sent again with every segment: the prompt holds their tokens
-        body = proto.encode_generate_body(prompt, g, max_new, self._segment_rid(rid), 0, ids_json)
+        lora = self.adapters.current  # (name, version): every token of a segment is its version
+        body = proto.encode_generate_body(prompt, g, max_new, self._segment_rid(rid), 0, ids_json,
+                                          lora and lora[0])
         body = proto.add_image_data(body, images) if images else body
         tokens: list[int] | None = None  # then the first segment's lists, no copies
         logprobs: list[float] | None = None
@@ -259,6 +256,8 @@ class RemoteSGLangEngine(InferenceEngine):
                         fired = watch.remove(task)
                     if status == 200:
                         seg = proto.parse_generate_response(json.loads(raw), start_version)
+                        if lora is not None:
+                            seg.versions = [lora[1]] * len(seg.output_ids)
                         ok = True
                         break
                     reason = self._rejection(rid, addr, status, raw, r.headers)
@@ -305,8 +304,9 @@ class RemoteSGLangEngine(InferenceEngine):
             await self._wait_unpaused(rid)
             if empty_aborts:  # repeated empty aborts while not paused: do not spin
                 await asyncio.sleep(min(0.05 * empty_aborts, 1.0))
-            body = proto.encode_generate_body(
-                prompt + tokens, g, max_new - done, self._segment_rid(rid), done)
+            lora = self.adapters.current
+            body = proto.encode_generate_body(prompt + tokens, g, max_new - done,
+                                              self._segment_rid(rid), done, None, lora and lora[0])
             body = proto.add_image_data(body, images) if images else body
         latency = time.monotonic() - t0
         return ModelResponse(
@@ -354,11 +354,11 @@ class RemoteSGLangEngine(InferenceEngine):
         if addr in self.verifier.quarantined:
             return
         current = self.clock.value  # an update finishing meanwhile makes this probe stale
-        ok = await ready_for_readmission(
+        ok = await (self.adapters.readmit(self._sessions.get(), addr, self.weight_sync)
+                    if self.adapters.current else ready_for_readmission(
             self._sessions.get(), addr, current, self._last_disk,
             max(5.0, self.config.health_check_interval), self.config.weight_update_timeout,
-            self._admin_headers, self.protocol,
-        )
+            self._admin_headers, self.protocol))
         if ok and not self._updating and self.clock.value == current:
             self.pool.mark_healthy(addr)
 
@@ -379,9 +379,12 @@ class RemoteSGLangEngine(InferenceEngine):
         if not targets:
             raise WeightUpdateError("no healthy server to update: " + self.pool.describe())
         try:
-            report = await self.weight_sync.run(
-                self._sessions.get(), targets, meta, on_pause=self._set_updating
-            )
+            if meta.lora_name is not None:  # a LoRA adapter: loaded beside the old ones, no pause
+                report = await self.adapters.push(self._sessions.get(), targets, meta,
+                                                  self.weight_sync)
+            else:
+                report = await self.weight_sync.run(self._sessions.get(), targets, meta,
+                                                    on_pause=self._set_updating)
         except WeightUpdateError as e:
             for a, r in (e.report.failed if e.report else {}).items():
                 self.pool.mark_unhealthy(a, f"weight update to v{meta.version} failed: {r}")
@@ -392,7 +395,7 @@ class RemoteSGLangEngine(InferenceEngine):
             self.pool.mark_unhealthy(a, f"weight update to v{meta.version} failed: {r}")
         if report.failed:
             logger.error("weight update v%d: servers taken out: %s", meta.version, report.failed)
-        if meta.type == WeightUpdateType.DISK:
+        if meta.type == WeightUpdateType.DISK and meta.lora_name is None:
             self._last_disk = meta
         if meta.verify:
             await self.verifier.after_update(self._sessions.get(), report, meta)
@@ -417,15 +420,13 @@ class RemoteSGLangEngine(InferenceEngine):
     def weight_group_layout(self, timeout: float = 30.0) -> GroupLayout:
         """World size, rank offsets and backend a new weight-update group over the healthy
         servers would use (``update_weights`` also publishes ``meta.world_size`` itself)."""
-
         async def go() -> GroupLayout:
             return await group_layout(self._sessions.get(), self.pool.healthy_addrs(), timeout)
 
         return self.loop.run(go()).result(timeout + 5)
 
-    def get_weights_by_name(
-        self, name: str, truncate_size: int = 100, timeout: float = 60.0
-    ) -> dict[str, Any]:
+    def get_weights_by_name(self, name: str, truncate_size: int = 100,
+                            timeout: float = 60.0) -> dict[str, Any]:
         """``/get_weights_by_name`` on every healthy server: ``{addr: values}``."""
         async def go() -> dict[str, Any]:  # the session belongs to the engine's loop
             addrs = self.pool.healthy_addrs()
@@ -434,9 +435,8 @@ class RemoteSGLangEngine(InferenceEngine):
 
         return self.loop.run(go()).result(timeout + 5)
 
-    def verify_weights(
-        self, expected: dict[str, torch.Tensor], atol: float = 1e-5, truncate_size: int = 100
-    ) -> None:
+    def verify_weights(self, expected: dict[str, torch.Tensor], atol: float = 1e-5,
+                       truncate_size: int = 100) -> None:
         """Raise ``WeightUpdateError`` if any healthy server's ``get_weights_by_name`` differs
         from ``expected`` (over the first ``truncate_size`` rows, as the endpoint returns)."""
         bad = []

@@ -84,9 +84,11 @@ def generate_payload(
     max_new_tokens: int,
     rid: str,
     generated: int = 0,
+    lora: str | None = None,
 ) -> dict[str, Any]:
-    """The JSON body of one ``/generate`` call (token ids in, logprobs of output tokens out)."""
-    return {
+    """The JSON body of one ``/generate`` call (token ids in, logprobs of output tokens out);
+    ``lora``: the LoRA adapter it runs on (SGLang's ``lora_path`` holds the adapter's name)."""
+    body = {
         "input_ids": input_ids,
         "sampling_params": sampling_params(g, max_new_tokens, generated),
         "return_logprob": True,
@@ -94,6 +96,9 @@ def generate_payload(
         "stream": False,
         "rid": rid,
     }
+    if lora is not None:
+        body["lora_path"] = lora
+    return body
 
 
 # ``generate_payload`` as bytes, for the client's hot path. ``json.dumps`` has a fixed cost of a
@@ -115,6 +120,7 @@ def encode_generate_body(
     rid: str,
     generated: int = 0,
     ids_json: bytes | None = None,
+    lora: str | None = None,
 ) -> bytes:
     """``json.dumps(generate_payload(...))`` as UTF-8 bytes, faster: the same JSON value.
 
@@ -130,14 +136,18 @@ def encode_generate_body(
         or type(g.top_k) is not int
         or not math.isfinite(temperature + top_p + min_p)
     ):
-        return json.dumps(generate_payload(input_ids, g, max_new_tokens, rid, generated)).encode()
+        return json.dumps(generate_payload(input_ids, g, max_new_tokens, rid, generated,
+                                           lora)).encode()
     optional = _optional_sampling(g, max_new_tokens, generated)
-    return _BODY % (
+    body = _BODY % (
         ids_json, max_new_tokens, temperature, top_p, g.top_k, min_p,
         b"true" if g.ignore_eos else b"false",
         b"," + json.dumps(optional)[1:-1].encode() if optional else b"",
         encode_basestring_ascii(rid).encode(),
     )
+    if lora is not None:
+        return body[:-1] + b',"lora_path":' + encode_basestring_ascii(lora).encode() + b"}"
+    return body
 
 
 def add_image_data(body: bytes, image_data: list[str]) -> bytes:
@@ -272,6 +282,7 @@ class SGLangProtocol:
     weight_checksums = True  # /weights_checker hashes comparable with the trainer's
     supports_broadcast = True
     native_transfer = None  # broadcasts go over SGLang's own group calls
+    lora_paths = ("/load_lora_adapter", "/unload_lora_adapter")  # LoRA pushes (load, unload)
 
     @staticmethod
     def pause_call(mode: str) -> tuple[str, dict[str, Any] | None]:

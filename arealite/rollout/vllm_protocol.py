@@ -76,14 +76,16 @@ def sampling_params(
 
 def encode_generate_body(
     input_ids: list[int], g: GenerationHyperparameters, max_new_tokens: int, rid: str,
-    generated: int = 0, ids_json: bytes | None = None,
+    generated: int = 0, ids_json: bytes | None = None, lora: str | None = None,
 ) -> bytes:
-    """The JSON body of one ``/inference/v1/generate`` call."""
+    """The JSON body of one ``/inference/v1/generate`` call; ``lora``: the LoRA adapter it runs
+    on (vLLM picks a loaded adapter by the request's ``model``)."""
     if ids_json is None:
         ids_json = token_ids_json(input_ids)
     rest = json.dumps({
         "request_id": rid, "output_mode": "tokens", "stream": False,
         "sampling_params": sampling_params(g, max_new_tokens, generated),
+        **({"model": lora} if lora is not None else {}),
     })
     if ids_json is None:  # not plain ints: let json check them
         return json.dumps({"token_ids": list(input_ids), **json.loads(rest)}).encode()
@@ -161,6 +163,9 @@ class VLLMProtocol:
     weight_checksums = False  # /weights_checker hashes comparable with the trainer's
     supports_broadcast = False  # vLLM's weight transfer engine is not SGLang's group protocol
     native_transfer = VLLMTransfer  # distributed updates: vLLM's NCCL weight-transfer API
+    # LoRA pushes (load, unload): vLLM serves them with --enable-lora and
+    # VLLM_ALLOW_RUNTIME_LORA_UPDATING=True
+    lora_paths = ("/v1/load_lora_adapter", "/v1/unload_lora_adapter")
 
     @staticmethod
     def pause_call(mode: str) -> tuple[str, dict[str, Any] | None]:

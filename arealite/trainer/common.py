@@ -69,6 +69,12 @@ def weight_meta(
             wu.group_name, wu.bucket_size_mb, wu.timeout,
         )
     meta.verify, meta.checksum_dtype = wu.verify, wu.checksum_dtype
+    if getattr(actor, "is_lora", False):
+        # only the adapter moves, loaded as <run>-v<k> beside the older versions; the base
+        # weights never change, so there is nothing to checksum
+        run = Path(disk_root).resolve()
+        meta.lora_name = f"{run.parent.parent.name}-{run.parent.name}-v{version}"
+        meta.verify = False
     return meta
 
 

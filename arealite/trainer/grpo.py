@@ -75,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     eval_rollout = RemoteSGLangEngine(config.rollout.model_copy(
         update={"max_head_offpolicyness": 1 << 20, "max_concurrent_rollouts": None}),
         rollout.clock, protocol)
+    eval_rollout.adapters = rollout.adapters  # a LoRA run evaluates its current adapter
     actor = FSDPPPOActor(config.actor, config.device, config.dist_backend, config.seed, rollout.clock)
     actor.initialize(None, ft)
     ref = None

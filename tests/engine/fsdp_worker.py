@@ -22,6 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from arealite.api.config import OptimizerConfig  # noqa: E402
 from arealite.api.io_struct import FinetuneSpec, SaveLoadMeta, WeightUpdateMeta  # noqa: E402
+from arealite.api.lora_config import LoRAConfig  # noqa: E402
+from arealite.engine.lora import gather_adapter  # noqa: E402
 from arealite.engine.ppo.actor import FSDPPPOActor  # noqa: E402
 from arealite.utils.data import split_batch_for_rank  # noqa: E402
 from arealite.utils.fsdp import full_state_dict  # noqa: E402
@@ -32,12 +34,14 @@ GROUP = 2
 GLOBAL_B = 8
 
 
-def make_actor(model: str) -> FSDPPPOActor:
+def make_actor(model: str, lora: bool = False) -> FSDPPPOActor:
     opt = OptimizerConfig(lr=2e-3, lr_scheduler_type="linear", warmup_steps_proportion=0.3,
                           min_lr_ratio=0.1, gradient_clipping=1.0)
+    # LoRA: B drawn at random too, so the adapter's gradients depend on both factors
+    lcfg = LoRAConfig(rank=4, alpha=8.0, init_lora_weights=False) if lora else None
     cfg = actor_config(model, optimizer=opt, group_size=GROUP, group_reward_norm=True,
                        adv_norm=True, behav_imp_weight_cap=5.0, max_tokens_per_mb=40,
-                       ppo_n_minibatches=1)
+                       ppo_n_minibatches=1, lora=lcfg)
     actor = FSDPPPOActor(cfg, device="cpu", backend="gloo")
     actor.initialize(ft_spec=FinetuneSpec(total_train_epochs=1, dataset_size=40, train_batch_size=8))
     return actor
@@ -72,9 +76,10 @@ def main() -> None:
     ap.add_argument("--save-after", type=int, default=0)
     ap.add_argument("--load-dcp")
     ap.add_argument("--master-port", type=int, default=0)
+    ap.add_argument("--lora", action="store_true", help="train a LoRA adapter (PPO loss)")
     a = ap.parse_args()
     torch.manual_seed(0)
-    actor = make_actor(a.model)
+    actor = make_actor(a.model, a.lora)
     result: dict = {"world_size": actor.world_size}
     if a.mode == "resume":
         actor.load(SaveLoadMeta(path=a.load_dcp, weight_format="dcp", with_optim=True))
@@ -108,7 +113,7 @@ def main() -> None:
                 step(actor, 0)
         result["uploaded"] = params
         result["n_buckets"] = len(meta.param_specs)
-    sd = full_state_dict(actor.model)
+    sd = gather_adapter(actor.model) if a.lora else full_state_dict(actor.model)
     if actor.rank == 0:
         result["params"] = sd
         torch.save(result, a.out)

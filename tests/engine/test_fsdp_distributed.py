@@ -124,3 +124,27 @@ def test_distributed_upload_from_two_ranks_to_a_peer(tiny_model_dir, tmp_path):
             assert torch.equal(got[rnd][k], v), k
     # the second round carries the trained weights, not the first ones again
     assert any(not torch.equal(got[0][k], got[1][k]) for k in got[0])
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_lora_ppo_two_ranks_equal_one_rank(tiny_model_dir, tmp_path):
+    """LoRA on sharded FSDP2: the adapter (sharded with its layers) trains the same on 2 ranks
+    as on 1, under the PPO loss, and the gathered adapter has peft's saved keys."""
+    from arealite.engine.lora import gather_adapter
+    from tests.engine.fsdp_worker import make_actor, step
+
+    m = str(tiny_model_dir)
+    run_ranks(2, ["--mode", "train", "--lora", "--model", m, "--out", str(tmp_path / "l2.pt")])
+    l2 = torch.load(tmp_path / "l2.pt")
+    # the one-rank reference in this process (a world of one), as the worker runs it
+    torch.manual_seed(0)
+    actor = make_actor(m, lora=True)
+    l1 = {"stats": [step(actor, i) for i in range(3)], "params": gather_adapter(actor.model)}
+    actor.destroy()
+    for s1, s2 in zip(l1["stats"], l2["stats"]):
+        assert abs(s1["loss"] - s2["loss"]) < 1e-4, (s1["loss"], s2["loss"])
+    keys = set(l1["params"])
+    assert keys == set(l2["params"]) and all(".lora_A.weight" in k or ".lora_B.weight" in k
+                                             for k in keys)
+    _close(l1["params"], l2["params"], 1e-4)

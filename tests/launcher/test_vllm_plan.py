@@ -43,6 +43,16 @@ def test_vllm_command_maps_the_sglang_section(tmp_path):
     assert specs[1].env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
 
 
+def test_a_lora_run_lets_vllm_load_adapters_at_run_time(tmp_path):
+    cfg = _grpo(_model(tmp_path), actor={"path": str(tmp_path), "lora": {"rank": 16}},
+                sglang={"extra_args": ["--foo"]})
+    (spec,) = plan.server_specs(cfg, [11], environ={})
+    flag = {a: spec.cmd[i + 1] for i, a in enumerate(spec.cmd[:-1]) if a.startswith("--")}
+    assert "--enable-lora" in spec.cmd and flag["--max-lora-rank"] == "16"
+    assert flag["--max-loras"] == "8" and spec.cmd[-1] == "--foo"
+    assert spec.env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+
+
 def test_gpu_servers_keep_vllms_memory_default(tmp_path):
     cfg = _grpo(_model(tmp_path), launcher={"gpus_per_server": 1})
     (spec,) = plan.server_specs(cfg, [11], environ={})

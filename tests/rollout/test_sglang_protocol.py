@@ -103,16 +103,20 @@ gconfigs = st.builds(
     ids=st.lists(st.integers(0, 2**40), min_size=1, max_size=40) | st.tuples(st.integers(0, 9)),
     rid=st.text(min_size=1, max_size=12),
     generated=st.integers(0, 8),
+    lora=st.none() | st.text(min_size=1, max_size=8),
 )
-def test_encoded_body_is_the_payload(g, ids, rid, generated):
+def test_encoded_body_is_the_payload(g, ids, rid, generated, lora):
     """The hot path's hand-formatted body is the same JSON value as ``generate_payload``
-    (floats, unicode and quotes in rids and stop strings, tuples and inf take the fallback)."""
+    (floats, unicode and quotes in rids and stop strings, tuples and inf take the fallback;
+    a LoRA adapter's name goes in ``lora_path``)."""
     max_new = max(0, g.max_new_tokens - generated)
-    want = json.loads(json.dumps(generate_payload(list(ids), g, max_new, rid, generated)))
-    assert json.loads(encode_generate_body(ids, g, max_new, rid, generated)) == want
+    want = json.loads(json.dumps(generate_payload(list(ids), g, max_new, rid, generated, lora)))
+    assert ("lora_path" in want) == (lora is not None)
+    assert json.loads(encode_generate_body(ids, g, max_new, rid, generated, None, lora)) == want
     if isinstance(ids, list):  # with the ids already encoded, as agenerate passes them
         ids_json = json.dumps(ids).encode()
-        assert json.loads(encode_generate_body(ids, g, max_new, rid, generated, ids_json)) == want
+        assert json.loads(encode_generate_body(ids, g, max_new, rid, generated, ids_json,
+                                               lora)) == want
 
 
 def test_encoded_body_passes_sglang_contract_gate():
@@ -120,6 +124,8 @@ def test_encoded_body_passes_sglang_contract_gate():
     g = GenerationHyperparameters(max_new_tokens=8, min_new_tokens=2, stop=["x"], stop_token_ids=[3])
     body = json.loads(encode_generate_body([1, 2, 3], g, 8, "rid-1"))
     assert api.GenerateRequest.from_json_value(body).input_ids == [1, 2, 3]
+    body = json.loads(encode_generate_body([1, 2, 3], g, 8, "rid-1", lora="run-v3"))
+    assert api.GenerateRequest.from_json_value(body).lora_path == "run-v3"
 
 
 def test_parse_response_with_spans_and_null_logprob():

@@ -10,6 +10,7 @@ native-transfer update-body test (a failed receive breaks a vLLM server) runs la
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -17,6 +18,8 @@ import torch
 
 from arealite.api.config import InferenceEngineConfig
 from arealite.api.io_struct import WeightUpdateMeta
+from arealite.api.lora_config import LoRAConfig
+from arealite.launcher.vllm_server import lora_flags
 from arealite.rollout.remote_engine import RemoteSGLangEngine
 from arealite.rollout.vllm_protocol import VLLM
 from arealite.rollout.weight_sync import WeightUpdateError
@@ -41,14 +44,23 @@ def vllm_pool(tiny_model_dir):
     # --enforce-eager: no torch.compile warm-up (about 20 s of each start on 2 cores); these
     # tests are about the protocol, tests/trainer/test_vllm_grpo.py runs the launcher's flags
     # --weight-transfer-config: vLLM's NCCL transfer engine, whose routes the native-transfer
-    # tests call (on CPU they check payloads; the NCCL group itself needs GPUs)
+    # tests call (on CPU they check payloads; the NCCL group itself needs GPUs). LoRA enabled
+    # as the launcher enables it for a LoRA run (test_lora_adapter_push).
+    flags, env = lora_flags(LoRAConfig(rank=8), 0)
     servers = VLLMServers(tiny_model_dir, 2, extra_args=(
-        "--enforce-eager", "--weight-transfer-config", '{"backend": "nccl"}'))
+        "--enforce-eager", "--weight-transfer-config", '{"backend": "nccl"}', *flags))
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     try:
         servers.start()
         yield servers
     finally:
         servers.close()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def make_engine(addrs, **kw) -> RemoteSGLangEngine:
@@ -85,6 +97,45 @@ def test_logprobs_match_the_trainers_recompute(vllm_pool, tiny_model_dir):
         assert {r.server for r in out} == set(vllm_pool.addrs)  # both servers served
     finally:
         eng.destroy()
+
+
+def test_lora_adapter_push(vllm_pool, tiny_model_dir, tmp_path):
+    """A LoRA push to vLLM (``/v1/load_lora_adapter``, no pause) and requests naming the adapter
+    by ``model``: every token carries the adapter's version and the trainer's peft logprob;
+    the next push unloads it (staleness bound 0)."""
+    from arealite.api.io_struct import ModelRequest
+    from arealite.api.trajectory import pad_sequences_to_tensors
+    from arealite.engine.fsdp_engine import FSDPEngine
+    from tests.engine.fsdp_helpers import engine_config
+
+    lcfg = LoRAConfig(rank=8, alpha=16.0, init_lora_weights=False,
+                      target_modules=["q_proj", "v_proj", "up_proj"])
+    actor = FSDPEngine(engine_config(tiny_model_dir, lora=lcfg, optimizer=None), device="cpu",
+                       backend="gloo")
+    actor.initialize()
+    eng = make_engine(vllm_pool.addrs)
+    try:
+        meta = WeightUpdateMeta(type="disk", path=str(tmp_path / "v1"), version=1,
+                                lora_name="run-v1")
+        fut = eng.update_weights(meta)
+        actor.upload_weights(meta)
+        fut.result(60)
+        prompt = [5, 17, 42, 8, 99]
+        reqs = [ModelRequest(rid=f"lora{i}", input_ids=prompt, gconfig=request("x", 12).gconfig)
+                for i in range(2)]
+        for r in run_all(eng, reqs):
+            assert r.output_versions == [1] * 12
+            row = {"input_ids": prompt + r.output_tokens, "loss_mask": [0] * 5 + [1] * 12}
+            want = actor.forward(pad_sequences_to_tensors([row]))[0, 5:]
+            assert float((torch.tensor(r.output_logprobs) - want).abs().max()) < 1e-5
+        meta2 = WeightUpdateMeta(type="disk", path=str(tmp_path / "v1"), version=2,
+                                 lora_name="run-v2")
+        meta2.write_disk_marker()  # the same adapter again, under the next version's name
+        eng.update_weights(meta2).result(60)
+        assert list(eng.adapters.loaded) == [2]  # run-v1 unloaded from both servers
+    finally:
+        eng.destroy()
+        actor.destroy()
 
 
 def test_pause_disk_update_resume_keeps_per_token_versions(vllm_pool, tiny_model_dir, tmp_path):

@@ -247,3 +247,12 @@ def test_a_generation_server_does_not_score(server):
     # SGLang's answer to an EmbeddingReqInput on a generation model (its tokenizer manager)
     r = requests.post(server + "/classify", json={"input_ids": [1, 2, 3]}, timeout=30)
     assert r.status_code == 400 and "--is-embedding" in r.text, r.text
+
+
+def test_lora_endpoints_without_enable_lora(server):
+    """A server started without --enable-lora refuses adapters with SGLang's message."""
+    r = post(server, "/load_lora_adapter", {"lora_name": "a", "lora_path": "/x"})
+    assert r.status_code == 400 and "--enable-lora" in r.json()["error_message"]
+    r = post(server, "/generate", {"input_ids": [5, 6], "lora_path": "a",
+                                   "sampling_params": {"max_new_tokens": 2}})
+    assert r.status_code == 400 and "--enable-lora" in r.text

@@ -19,7 +19,7 @@ def test_every_flag_the_launcher_sends_is_accepted_by_the_embedded_server():
     from arealite.launcher import plan
 
     cfg = GRPOConfig.model_validate({
-        "actor": {"path": "/m"},
+        "actor": {"path": "/m", "lora": {"rank": 4, "target_modules": ["q_proj", "v_proj"]}},
         "sglang": {"api_key": "k", "admin_api_key": "a", "max_running_requests": 8,
                    "context_length": 256, "mem_fraction_static": 0.8, "enable_metrics": True,
                    "skip_tokenizer_init": True, "device": "cpu", "random_seed": 3,
@@ -38,6 +38,9 @@ def test_every_flag_the_launcher_sends_is_accepted_by_the_embedded_server():
         args = parse_args(spec.cmd[3:])
     assert args.mem_fraction_static == 0.8 and args.context_length == 256
     assert args.api_key == "k" and args.admin_api_key == "a" and args.dtype == "bfloat16"
+    # a LoRA run's servers load adapters at run time
+    assert args.enable_lora and args.max_lora_rank == 4 and args.max_loras_per_batch == 8
+    assert args.lora_target_modules == ["q_proj", "v_proj"]
     assert "k" not in args.launch_command.split()
 
 

@@ -1,0 +1,98 @@
+"""LoRA weight pushes: each version is a new adapter beside the old ones, nothing is paused.
+
+A LoRA run's trainer writes only its adapter for version k and names it ``<run>-v<k>``
+(``WeightUpdateMeta.lora_name``). ``AdapterVersions.push`` loads it on every server with the
+backend's load call (SGLang's ``/load_lora_adapter``, vLLM's ``/v1/load_lora_adapter``) while
+generation goes on; once every server has it, it becomes ``current`` and each new request (and
+each resumed segment) names it in its body (``lora_path``). A request in flight keeps the adapter
+it was sent with, so its tokens all carry that adapter's version, exactly, without an abort.
+Versions older than the staleness bound (``max_head_offpolicyness``) are then unloaded: a server
+lets requests already running on an unloaded adapter finish on it.
+
+The client engine (``RemoteSGLangEngine``) owns one of these and hands it to the engines that
+share its version clock, so evaluation uses the same adapter as training.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import aiohttp
+
+from arealite.api.io_struct import WeightUpdateMeta, WeightUpdateType
+from arealite.rollout.weight_sync import WeightSync, WeightUpdateError, WeightUpdateReport
+
+logger = logging.getLogger("arealite.rollout.lora_adapters")
+
+
+class AdapterVersions:
+    """The adapter versions of one LoRA run held by the servers, and the one requests use."""
+
+    def __init__(self, max_staleness: int) -> None:
+        self.max_staleness = max_staleness
+        # (name, version) requests are sent with; None: the base model (no adapter pushed yet)
+        self.current: tuple[str, int] | None = None
+        self.loaded: dict[int, tuple[str, str]] = {}  # version -> (adapter name, folder)
+
+    async def push(self, session: aiohttp.ClientSession, addrs: list[str],
+                   meta: WeightUpdateMeta, sync: WeightSync) -> WeightUpdateReport:
+        """Load ``meta.lora_name`` from ``meta.path`` on ``addrs`` (no pause), make it current,
+        unload the versions past the staleness bound. Raises ``WeightUpdateError`` (with
+        ``.report``) when no server loaded it."""
+        t0 = time.monotonic()
+        proto = sync.protocol
+        report = WeightUpdateReport(version=meta.version)
+        timeout = min(sync.step_timeout, meta.timeout)
+        try:
+            if meta.type != WeightUpdateType.DISK or not meta.path:
+                raise WeightUpdateError("a LoRA adapter is pushed through disk "
+                                        "(weight_update.type=disk)")
+            load_path, unload_path = proto.lora_paths  # type: ignore[attr-defined]
+            await sync.wait_disk_ready(meta, timeout)
+            if not self.loaded:  # a restarted trainer: servers may hold this name already
+                await asyncio.gather(*(self._unload_quietly(session, a, meta.lora_name, sync)
+                                       for a in addrs))
+            body = {"lora_name": meta.lora_name, "lora_path": str(meta.path)}
+            report.updated = await sync.fan_out(session, addrs, load_path, body, report.failed,
+                                                timeout)
+            if not report.updated:
+                raise WeightUpdateError(
+                    f"LoRA adapter {meta.lora_name} failed on every server: "
+                    + "; ".join(f"{a}: {r}" for a, r in report.failed.items()))
+        except WeightUpdateError as e:
+            e.report = report
+            meta.abort_reason = meta.abort_reason or str(e)
+            raise
+        finally:
+            report.seconds = time.monotonic() - t0
+        self.current = (meta.lora_name, meta.version)
+        self.loaded[meta.version] = (meta.lora_name, str(meta.path))
+        for v in sorted(v for v in self.loaded if v < meta.version - self.max_staleness):
+            # failures only logged: a leftover adapter costs memory, never correctness
+            await sync.fan_out(session, report.updated, unload_path,
+                               {"lora_name": self.loaded.pop(v)[0]}, {}, timeout)
+        report.seconds = time.monotonic() - t0
+        logger.debug("LoRA adapter %s on %d server(s) in %.3f s", meta.lora_name,
+                     len(report.updated), report.seconds)
+        return report
+
+    async def readmit(self, session: aiohttp.ClientSession, addr: str, sync: WeightSync) -> bool:
+        """A server back after a failure (the health probe): load the current adapter on it
+        afresh; True once it holds it. Its base weights never moved: nothing else to check."""
+        name, version = self.current
+        await self._unload_quietly(session, addr, name, sync)
+        body = {"lora_name": name, "lora_path": self.loaded[version][1]}
+        reason = await sync._post(session, addr, sync.protocol.lora_paths[0], body,
+                                  sync.step_timeout, headers=sync.admin_headers)
+        if reason is not None:
+            logger.warning("server %s cannot load adapter %s: %s", addr, name, reason)
+        return reason is None
+
+    @staticmethod
+    async def _unload_quietly(session: aiohttp.ClientSession, addr: str, name: str,
+                              sync: WeightSync) -> None:
+        """Unload ``name`` where it may be loaded (a 400 for an unknown name is expected)."""
+        await sync._post(session, addr, sync.protocol.lora_paths[1], {"lora_name": name},
+                         min(10.0, sync.step_timeout), headers=sync.admin_headers)
