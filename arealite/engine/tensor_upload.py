@@ -82,11 +82,13 @@ def upload_by_reference(model: nn.Module, meta: WeightUpdateMeta, rank: int, wor
         if not live or err is not None:
             continue  # still joined every gather above: the other ranks never wait on us
         last = i == len(buckets) - 1
-        body = {"serialized_named_tensors": [serialize_named_tensors(named)],
-                "flush_cache": last, "abort_all_requests": False,
-                "weight_version": str(meta.version) if last else None}
-        left = max(1.0, deadline - time.monotonic())
         for a in live:
+            # one payload per receiver: pickling takes one reference on each shared block for
+            # the message, and the receiver's unpickling consumes it (torch's protocol)
+            body = {"serialized_named_tensors": [serialize_named_tensors(named)],
+                    "flush_cache": last, "abort_all_requests": False,
+                    "weight_version": str(meta.version) if last else None}
+            left = max(1.0, deadline - time.monotonic())
             reason = post_tensors(a, body, left, headers)
             if reason is not None:
                 failed[a] = f"bucket {i + 1}/{len(buckets)}: {reason}"

@@ -184,3 +184,22 @@ def test_malformed_payloads_get_a_400_naming_the_problem(server):
     r = post(server, "/update_weights_from_tensor", {"serialized_named_tensors": [_b64(buf.getvalue())]})
     assert r.status_code == 400 and "set_sharing_strategy('file_system')" in r.json()["message"]
     assert checksums(server) == before
+
+
+def test_the_trainers_push_reaches_every_server_of_its_rank_every_time(server, local_model):
+    """``upload_by_reference`` with two targets (here the same server twice), two versions in a
+    row: each receiver gets its own payload, so no shared block is freed under a later push."""
+    from arealite.api.io_struct import WeightUpdateMeta
+    from arealite.engine.tensor_upload import upload_by_reference
+
+    addr = server.removeprefix("http://")
+    for version, seed in ((21, 5), (22, 6)):
+        state = perturbed(local_model, seed=seed)
+        local_model.load_state_dict(state, strict=False)
+        meta = WeightUpdateMeta.tensor(version, bucket_size_mb=0.05, timeout=60)
+        meta.targets, meta.verify = [addr, addr], True
+        upload_by_reference(local_model, meta, rank=0, world=1)
+        assert meta.target_failures == {}
+        got = checksums(server)
+        assert {n: c for n, (_, c) in meta.checksums.items()} == got
+        assert requests.get(f"{server}/model_info", timeout=10).json()["weight_version"] == str(version)
