@@ -12,7 +12,7 @@ import pytest
 
 from tests.procs import log_tail, spawn
 
-STEPS = 3
+STEPS = 2
 
 
 @pytest.mark.integration
