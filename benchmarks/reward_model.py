@@ -25,7 +25,9 @@ import argparse
 import asyncio
 import os
 import random
+import signal
 import statistics
+import sys
 import tempfile
 import time
 
@@ -99,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rm-path", default=None, help="reward model (default: on the policy's "
                    "backbone, untrained)")
     args = p.parse_args(argv)
+    # SIGTERM (run_all's timeout, `timeout`) unwinds the with-blocks, so the servers stop too
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     from transformers import AutoTokenizer
 
     from arealite.api.config import InferenceEngineConfig
