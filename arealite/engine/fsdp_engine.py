@@ -422,7 +422,7 @@ class FSDPEngine(TrainEngine):
         # Summarised per step as timeperf/weight_upload; an info line per step drowned the console.
         with timer("weight_upload"):
             if self.is_lora:
-                self._upload_adapter(model, meta)
+                lora.push_adapter(model, meta, self.is_rank0, self.dp_group)
                 return
             if meta.type == WeightUpdateType.DISK:
                 sd = ckpt.save_hf(model, meta.path)
@@ -437,17 +437,6 @@ class FSDPEngine(TrainEngine):
             else:
                 secs = self._uploader.upload(model, meta, self.is_rank0)
         logger.debug("uploaded weights v%d (%s) in %.3f s", meta.version, meta.type.value, secs)
-
-    def _upload_adapter(self, model: torch.nn.Module, meta: WeightUpdateMeta) -> None:
-        """LoRA: only the adapter moves, in peft's format at ``meta.path`` (the servers load it
-        with ``/load_lora_adapter`` beside the older versions), then the ready marker."""
-        if meta.type != WeightUpdateType.DISK:
-            raise ValueError("a LoRA run pushes its adapter through disk: set "
-                             "weight_update.type=disk")
-        lora.save_adapter(model, meta.path)
-        if self.is_rank0:
-            meta.write_disk_marker()
-        dist.barrier(group=self.dp_group)
 
     # ------------------------------------------------------------------ checkpoints
 

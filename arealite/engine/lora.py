@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from arealite.api.io_struct import WeightUpdateMeta, WeightUpdateType
 from arealite.api.lora_config import LoRAConfig
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -152,3 +153,15 @@ def load_adapter(model: nn.Module, path: str | os.PathLike) -> None:
             if dist.is_initialized() and dist.get_world_size() > 1:
                 dist.broadcast(full, src=0)
             p.copy_(full)
+
+
+def push_adapter(model: nn.Module, meta: WeightUpdateMeta, is_rank0: bool, group: Any) -> None:
+    """A LoRA weight push (``WeightUpdateMeta``): only the adapter moves, in peft's format at
+    ``meta.path`` (the servers load it with ``/load_lora_adapter`` beside the older versions),
+    then the ready marker."""
+    if meta.type != WeightUpdateType.DISK:
+        raise ValueError("a LoRA run pushes its adapter through disk: set weight_update.type=disk")
+    save_adapter(model, meta.path)
+    if is_rank0:
+        meta.write_disk_marker()
+    dist.barrier(group=group)
