@@ -62,12 +62,6 @@ KNOWN["vs_trl"] = (
     "evaluation, prompts x samples per step, max new tokens and learning rate; each trains for "
     "the same training seconds (evaluations excluded). Seconds per step, held-out accuracy "
     "against training seconds, training seconds to the target accuracy; ratios arealite / TRL.")
-KNOWN["reward_model"] = (
-    "Reward-model scoring through `RemoteRewardModelEngine` on an embedded `--is-embedding` "
-    "server: samples/s one request at a time and all at once (the server batches concurrent "
-    "requests); then one GRPO step's rollout (`rollout_batch`, toy task) with the rule reward "
-    "alone and with the reward model added, against scoring the same samples after generation: "
-    "the share of the scoring time hidden behind generation.")
 HELPERS = {"__init__", "run_all", "report", "rl_metrics", "longtail_workflow", "run_probes", "trl_grpo"}
 
 

@@ -138,27 +138,40 @@ class RLVRWorkflow(RolloutWorkflow):
                          gconfig=self._sample_gconfig.model_copy(), metadata={"group": group})
             for i in range(self.gconfig.n_samples)
         ]
-
-        async def sample(req: ModelRequest) -> tuple[ModelResponse, str, float]:
-            # scored as soon as it is generated, while the group's other samples still generate
-            resp = await engine.agenerate(req)
-            check_response(resp, req.rid)
-            text = self.decode(resp.output_tokens)
-            reward = await self.score(prompt_text, text, prompt_ids, resp.output_tokens, data)
-            if self.reward_model is not None:
-                reward = await self.reward_model.combine(
-                    list(prompt_ids) + list(resp.output_tokens), reward, self.reward_failure)
-            return resp, text, reward
-
-        done = await asyncio.gather(*(sample(r) for r in reqs))
-        resps = [d[0] for d in done]
-        completions = [d[1] for d in done]
-        rewards = [d[2] for d in done]
+        if self.reward_model is None:
+            resps: list[ModelResponse] = await asyncio.gather(
+                *(engine.agenerate(r) for r in reqs))
+            for req, resp in zip(reqs, resps):
+                check_response(resp, req.rid)
+            completions = [self.decode(r.output_tokens) for r in resps]
+            rewards = await asyncio.gather(*(
+                self.score(prompt_text, c, prompt_ids, r.output_tokens, data)
+                for c, r in zip(completions, resps)
+            ))
+        else:
+            resps, completions, rewards = await self._generate_and_score_each(
+                engine, reqs, prompt_ids, prompt_text, data)
         sid = sample_id(data)
         rows = [trajectory_row(prompt_ids, resp, reward, sid) for resp, reward in zip(resps, rewards)]
         if self.dump_dir:
             await self._dump(data, group, prompt_text, completions, resps, rewards)
         return pad_sequences_to_tensors(rows)
+
+    async def _generate_and_score_each(self, engine, reqs, prompt_ids, prompt_text, data):
+        """With a reward model: each sample is scored as soon as it is generated, while the
+        group's other samples still generate (the model's score takes longer than a rule's)."""
+
+        async def sample(req: ModelRequest) -> tuple[ModelResponse, str, float]:
+            resp = await engine.agenerate(req)
+            check_response(resp, req.rid)
+            text = self.decode(resp.output_tokens)
+            reward = await self.score(prompt_text, text, prompt_ids, resp.output_tokens, data)
+            reward = await self.reward_model.combine(
+                list(prompt_ids) + list(resp.output_tokens), reward, self.reward_failure)
+            return resp, text, reward
+
+        done = await asyncio.gather(*(sample(r) for r in reqs))
+        return [d[0] for d in done], [d[1] for d in done], [d[2] for d in done]
 
     async def _dump(self, data, group, prompt_text, completions, resps, rewards) -> None:
         versions = [v for r in resps for v in r.output_versions]
