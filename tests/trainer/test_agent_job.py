@@ -15,7 +15,7 @@ import pytest
 from tests.procs import log_tail, spawn
 
 ETA = 2
-STEPS = 20
+STEPS = 30
 SFT_STOP = 0.8
 
 
@@ -29,10 +29,10 @@ def test_short_agent_job(tmp_path):
         sys.executable, "-m", "arealite.cli.main", "agent-job", f"cluster.fileroot={tmp_path}",
         # The warm start stops once the teacher-forced held-out accuracy per turn reaches 0.8
         # (about step 140 of the shipped 160): the agent then solves about half the questions
-        # when sampled, and RL has room. At 0.45 (step 120) it solves none and GRPO cannot start.
+        # when sampled, and RL has room. At 0.45 (step 120) it solves almost none and GRPO barely starts.
         f"sft.stop_at_valid_accuracy={SFT_STOP}", "sft.evaluator.freq_steps=10",
         f"total_train_steps={STEPS}", f"rollout.max_head_offpolicyness={ETA}", "trial_name=e2e",
-        # no held-out evaluation (100 greedy agent runs, ~40 s each on a loaded 2-core machine):
+        # no held-out evaluation (100 greedy agent runs: ~40 s an evaluation at load 10):
         # learning is judged by the sampled reward of the 64 sessions of every step
         "valid_dataset=null",
     ]
@@ -59,12 +59,15 @@ def test_short_agent_job(tmp_path):
     assert all(r["rollout/failed"] == 0 and r["rollout/rejected"] == 0 for r in steps)
     assert all(r["n_seqs"] >= 64 for r in steps), [r["n_seqs"] for r in steps]
 
-    # Learning: the sampled reward of the last third beats the first third. Measured on a
-    # 2-core machine at load 10: 0.47 -> 0.64 (steps 1-6 -> 15-20); per-step rewards
-    # scatter by about 0.1. A warm start that cannot solve the task stays at 0.0 -> 0.0.
+    # Learning: the mean sampled reward of the last third beats the first third. Per-step
+    # rewards scatter by about 0.1 around the trend, so a third's mean by about 0.03. Measured,
+    # steps 1-10 -> 21-30: 0.48 -> 0.63, 0.43 -> 0.64 (and 0.39 -> 0.65 in a 60-step run); 20
+    # steps learned too little to call reliably (1-6 -> 15-20: +0.17, +0.17), and so did 2.5x the
+    # lr (+0.27, +0.14 in 15 steps, then +0.04 in 20). A warm start that cannot solve the task
+    # (SFT stopped at 0.45) stayed at 0.02 -> 0.02 over 20 steps, which fails this.
     third = STEPS // 3
     early = sum(r["reward"] for r in steps[:third]) / third
     late = sum(r["reward"] for r in steps[-third:]) / third
     print(f"agent job: SFT stopped at step {sft[-1]['step']} (accuracy {sft[-1]['valid/accuracy']:.3f}); "
           f"mean sampled reward, steps 1-{third}: {early:.3f}, last {third}: {late:.3f}")
-    assert late > early + 0.05, (early, late, [round(r["reward"], 3) for r in steps])
+    assert late > early + 0.06, (early, late, [round(r["reward"], 3) for r in steps])
