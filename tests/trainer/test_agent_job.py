@@ -15,7 +15,7 @@ import pytest
 from tests.procs import log_tail, spawn
 
 ETA = 2
-STEPS = 30
+STEPS = 40
 SFT_STOP = 0.8
 
 
@@ -59,15 +59,15 @@ def test_short_agent_job(tmp_path):
     assert all(r["rollout/failed"] == 0 and r["rollout/rejected"] == 0 for r in steps)
     assert all(r["n_seqs"] >= 64 for r in steps), [r["n_seqs"] for r in steps]
 
-    # Learning: the mean sampled reward of the last third beats the first third. Per-step
-    # rewards scatter by about 0.1 around the trend, so a third's mean by about 0.03. Measured,
-    # steps 1-10 -> 21-30: 0.48 -> 0.63, 0.43 -> 0.64 (and 0.39 -> 0.65 in a 60-step run); 20
-    # steps learned too little to call reliably (1-6 -> 15-20: +0.17, +0.17), and so did 2.5x the
-    # lr (+0.27, +0.14 in 15 steps, then +0.04 in 20). A warm start that cannot solve the task
-    # (SFT stopped at 0.45) stayed at 0.02 -> 0.02 over 20 steps, which fails this.
+    # Learning: the mean sampled reward of the last third beats the first third. The batches'
+    # order is seeded, so runs share their hard and easy steps; what varies is the sampling.
+    # Measured: 40 steps, 1-13 -> 28-40: 0.50 -> 0.70, 0.50 -> 0.73. 30 steps, 1-10 -> 21-30: +0.15, +0.20,
+    # +0.12 (steps 21-26 hold hard questions): too close to a margin to call reliably; 20
+    # steps, or 2.5x the lr (+0.27, +0.14 in 15 steps, +0.04 in 20), rose less or erratically.
+    # A warm start that cannot solve the task (SFT stopped at 0.45) stayed at 0.02 -> 0.02.
     third = STEPS // 3
     early = sum(r["reward"] for r in steps[:third]) / third
     late = sum(r["reward"] for r in steps[-third:]) / third
     print(f"agent job: SFT stopped at step {sft[-1]['step']} (accuracy {sft[-1]['valid/accuracy']:.3f}); "
           f"mean sampled reward, steps 1-{third}: {early:.3f}, last {third}: {late:.3f}")
-    assert late > early + 0.06, (early, late, [round(r["reward"], 3) for r in steps])
+    assert late > early + 0.08, (early, late, [round(r["reward"], 3) for r in steps])
