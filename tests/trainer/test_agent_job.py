@@ -5,22 +5,17 @@ tiny model and calculator task built, SFT warm start on tool-call traces, then a
 
 from __future__ import annotations
 
-import json
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
+from arealite.utils.stats_logger import read_metrics
 from tests.procs import log_tail, spawn
 
 ETA = 2
 STEPS = 40
 SFT_STOP = 0.8
-
-
-def _metrics(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 @pytest.mark.integration
@@ -43,13 +38,13 @@ def test_short_agent_job(tmp_path):
         assert proc.poll() == 0, f"agent job failed or timed out:\n{log_tail(log, 60)}"
         out = log_tail(log, 12)
 
-    sft = [r for r in _metrics(tmp_path / "toy-agent-sft" / "main" / "logs" / "metrics.jsonl")
+    sft = [r for r in read_metrics(tmp_path / "toy-agent-sft" / "main" / "logs" / "metrics.jsonl")
            if "valid/accuracy" in r]
     assert sft[-1]["valid/accuracy"] >= SFT_STOP and sft[-1]["step"] < 160, sft[-1]
     assert (tmp_path / "agent_assets" / "sft_model" / "config.json").is_file()
 
     run = tmp_path / "toy-agent-grpo" / "e2e"
-    steps = [r for r in _metrics(run / "logs" / "metrics.jsonl") if r["step"] >= 1]
+    steps = [r for r in read_metrics(run / "logs" / "metrics.jsonl") if r["step"] >= 1]
     assert [r["step"] for r in steps] == list(range(1, STEPS + 1))
     assert (run / "reward_curve.png").is_file() and "reward curve" in out
 
