@@ -56,7 +56,7 @@ def test_short_agent_job(tmp_path):
 
     # Learning: the mean sampled reward of the last third beats the first third. The batches'
     # order is seeded, so runs share their hard and easy steps; what varies is the sampling.
-    # Measured: 40 steps, 1-13 -> 28-40: 0.50 -> 0.70, 0.50 -> 0.73. 30 steps, 1-10 -> 21-30:
+    # Measured: 40 steps, 1-13 -> 28-40: 0.50 -> 0.70, 0.73, 0.71. 30 steps, 1-10 -> 21-30:
     # +0.15, +0.20, +0.12 (steps 21-26 hold hard questions): too close to a margin to call
     # reliably; 20 steps, or 2.5x the lr (+0.27, +0.14 in 15 steps, +0.04 in 20), rose less or
     # erratically.
