@@ -8,7 +8,8 @@
    ``examples/tool_agent/agent.py`` (plain OpenAI-client code) against the agent proxy;
 4. draws the reward and held-out accuracy curve.
 
-Overrides (``key=value``) go to the GRPO config, e.g. ``arealite agent-job total_train_steps=10``.
+Overrides (``key=value``) go to the GRPO config, e.g. ``arealite agent-job total_train_steps=10``;
+those prefixed ``sft.`` to the SFT warm start (``sft.total_train_steps=120``).
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@
    the FSDP2 trainer as separate processes, weights pushed over a gloo broadcast each step;
 4. draws the reward curve and says where every output is.
 
-Overrides (``key=value``) go to the GRPO config, e.g. ``arealite main-job total_train_steps=10``.
+Overrides (``key=value``) go to the GRPO config, e.g. ``arealite main-job total_train_steps=10``;
+those prefixed ``sft.`` go to the SFT warm start, e.g. ``sft.total_train_steps=100`` (a
+shortened job, as the tests run it; a warm start already on disk is reused as it is).
 """
 
 from __future__ import annotations
@@ -63,6 +65,15 @@ def ensure_sft_model(assets: Path, fileroot: str | Path, sft_model: Path | None 
                        f"cluster.fileroot={fileroot}", f"stop_at_valid_accuracy={SFT_STOP_ACCURACY}"])
 
 
+def split_sft_overrides(overrides: list[str] | None) -> tuple[list[str], list[str]]:
+    """``(GRPO overrides, SFT overrides)``: ``sft.key=value`` goes to the SFT warm start as
+    ``key=value`` (GRPO configs have no ``sft`` key), everything else to GRPO."""
+    grpo, sft = [], []
+    for o in overrides or []:
+        (sft if o.startswith("sft.") else grpo).append(o.removeprefix("sft."))
+    return grpo, sft
+
+
 def run_job(overrides: list[str] | None, *, grpo_config: str, sft_config: str, assets_dir: str,
             build: Callable[[Path], None], asset_args: Callable[[Path, str], list[str]],
             sft_args: list[str], steps: tuple[str, str, str]) -> int:
@@ -71,6 +82,7 @@ def run_job(overrides: list[str] | None, *, grpo_config: str, sft_config: str, a
     from arealite.launcher.local import main as launch
     from arealite.utils.stats_logger import plot_metrics
 
+    overrides, sft_overrides = split_sft_overrides(overrides)
     try:
         fileroot = load_config(grpo_config, list(overrides or [])).cluster.fileroot
         assets = Path(fileroot) / assets_dir
@@ -83,7 +95,7 @@ def run_job(overrides: list[str] | None, *, grpo_config: str, sft_config: str, a
     print(f"== 1/3 {steps[0]}", flush=True)
     build(assets)
     code = ensure_sft(Path(grpo.actor.path), [sft_config, *asset_args(assets, "model.path"),
-                                              f"cluster.fileroot={fileroot}", *sft_args], steps[1])
+                                              f"cluster.fileroot={fileroot}", *sft_args, *sft_overrides], steps[1])
     if code != 0:
         print(f"arealite: SFT warm start failed (exit {code})", file=sys.stderr)
         return code

@@ -64,3 +64,13 @@ def test_short_main_job(tmp_path, toy_assets):
     early = sum(r["reward"] for r in steps[:third]) / third
     late = sum(r["reward"] for r in steps[-third:]) / third
     assert late > early + 0.03, (early, late)
+
+
+def test_sft_prefixed_overrides_go_to_the_warm_start():
+    from arealite.trainer.main_job import split_sft_overrides
+
+    grpo, sft = split_sft_overrides(["total_train_steps=5", "sft.total_train_steps=7",
+                                     "sft.evaluator.freq_steps=10", "actor.path=x"])
+    assert grpo == ["total_train_steps=5", "actor.path=x"]
+    assert sft == ["total_train_steps=7", "evaluator.freq_steps=10"]
+    assert split_sft_overrides(None) == ([], [])
