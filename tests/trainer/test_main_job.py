@@ -56,10 +56,12 @@ def test_short_main_job(tmp_path, toy_assets):
     assert first["logprob_agreement/max_abs_diff"] < 5e-5
     assert abs(first["approx_kl/avg"]) < 1e-6
 
-    # Learning: greedy held-out accuracy rises (0.535 after SFT, 0.585 and 0.665 at steps 45, 90)
-    # and the sampled training reward of the last third beats the first third.
+    # Learning: greedy held-out accuracy rises (0.535 after SFT; 0.665 at step 90 in two runs,
+    # 0.685 in the full job: the paired difference over 200 prompts has a standard error of
+    # ~0.035, so +0.05 is the bar) and the sampled training reward of the last third beats the
+    # first third (0.215 -> 0.306 and 0.211 -> 0.322 in those runs).
     evals = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
-    assert len(evals) >= 2 and evals[-1] > evals[0] + 0.1, evals
+    assert len(evals) >= 2 and evals[-1] > evals[0] + 0.05, evals
     third = STEPS // 3
     early = sum(r["reward"] for r in steps[:third]) / third
     late = sum(r["reward"] for r in steps[-third:]) / third
