@@ -52,7 +52,7 @@ def test_async_section(tmp_path):
 def test_missing_entries_point_at_who_prints_the_figures():
     ran = [{"name": n, "notes": ["client_overhead figures follow"] if n == "weight_sync" else []}
            for n in ("server_throughput", "weight_sync", "async_vs_sync", "staleness_ablation",
-                     "trainer_step", "vs_trl", "reward_model")]
+                     "trainer_step", "vs_trl")]
     (missing,) = run_all.missing_entries(ran)
     assert missing["name"] == "client_overhead" and missing["status"] == "missing"
     assert "weight_sync prints the client_overhead figures" in missing["about"]
