@@ -29,9 +29,12 @@ from arealite.rollout.weight_sync import get_info
 
 def encode_score_body(
     input_ids: list[int], g: GenerationHyperparameters, max_new_tokens: int, rid: str,
-    generated: int = 0, ids_json: bytes | None = None,
+    generated: int = 0, ids_json: bytes | None = None, lora: str | None = None,
 ) -> bytes:
-    """SGLang's ``EmbeddingReqInput`` for one sequence (sampling settings do not apply)."""
+    """SGLang's ``EmbeddingReqInput`` for one sequence (sampling settings do not apply; the
+    client's LoRA adapter, the policy's, is never the reward model's)."""
+    if lora is not None:
+        raise ValueError("a reward-model pool scores with its own weights: no LoRA adapter")
     ids = ids_json if ids_json is not None else json.dumps(list(input_ids)).encode()
     return b'{"input_ids":' + ids + b',"rid":' + json.dumps(rid).encode() + b"}"
 
