@@ -143,6 +143,11 @@ class VLLMServers:
                 raise RuntimeError(f"vLLM server {i} did not start in {timeout:.0f}s:\n"
                                    f"{log_tail(self.logs[i].name, 40)}")
 
+    def freeze(self, i: int) -> None:
+        """SIGSTOP server ``i``'s process group: its socket still takes connections, so a
+        request sent to it stays in flight until it is killed."""
+        os.killpg(self.procs[i].pid, signal.SIGSTOP)
+
     def kill(self, i: int) -> None:
         kill_group(self.procs[i], grace=0.1)
 

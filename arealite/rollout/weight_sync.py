@@ -312,13 +312,15 @@ class WeightSync:
                                     + "; ".join(f"{a}: {r}" for a, r in failed.items()))
         members = [a for a, _ in live]
         key = (meta.master_address, int(meta.master_port), meta.group_name)
-        if self.group is not None and (
-                self.group != key or set(members) != set(self.layout.rank_offsets)):
+        before = None if self.layout is None else sorted(self.layout.rank_offsets)
+        if self.group is not None and (self.group != key or set(members) != set(before)):
             # The old group cannot broadcast any more: free it where it still lives.
-            logger.warning("weight-update group %s: members %s -> %s; building a new group",
-                           self.wire_name, sorted(self.layout.rank_offsets), members)
             await self.destroy_group(session, members)
         if self.group is None:
+            # Said whether the old group was freed here or dropped by a failed broadcast.
+            if before is not None:
+                logger.warning("weight-update group %s: members %s -> %s; building a new group",
+                               self.wire_name, before, members)
             self.layout = layout_of(members, [i for _, i in live], meta.backend)
             n = self._groups_built
             self.wire_name = meta.group_name if n == 0 else f"{meta.group_name}-{n}"
