@@ -243,6 +243,22 @@ def request_adapters(mgr: LoRAManager | None, lora_path: Any, num: int) -> list[
     return [found[i // per] for i in range(num)]
 
 
+def openai_lora_path(model: str, served_name: str, lora_path: Any) -> Any:
+    """The adapter an OpenAI-route request (``/v1/completions``, ``/v1/chat/completions``) runs
+    on, as SGLang resolves it: ``model`` = ``"<base>:<adapter>"`` names the adapter (the served
+    name is matched whole first, so a served name holding a colon is still the base model),
+    else the body's own ``lora_path`` (SGLang's extra field), else None (the base model). A bare
+    adapter name in ``model`` is the base model on SGLang, so it is here too."""
+    if ":" in model and model != served_name:
+        if model.startswith(f"{served_name}:"):
+            adapter = model[len(served_name) + 1:]
+        else:
+            adapter = model.split(":", 1)[1]
+        if adapter.strip():
+            return adapter.strip()
+    return lora_path
+
+
 def _bad(p: Any) -> None:
     raise LoRAError(f"lora_path entries must be adapter names, got {p!r}")
 
