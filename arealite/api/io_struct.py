@@ -195,6 +195,9 @@ class WeightUpdateMeta:
     # LoRA: ``path`` holds only an adapter (peft's format), loaded under this name beside the
     # older versions (``/load_lora_adapter``), with no pause (arealite.rollout.lora_adapters).
     lora_name: str | None = None
+    # LoRA tensor pushes: (adapter config dict, {peft key: tensor}) that trainer rank 0 sent,
+    # kept by the client to load the current adapter on a server it re-admits.
+    lora_tensors: tuple[dict[str, Any], dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         self.type = WeightUpdateType(self.type)

@@ -2,7 +2,9 @@
 
 A LoRA run's trainer writes only its adapter for version k and names it ``<run>-v<k>``
 (``WeightUpdateMeta.lora_name``). ``AdapterVersions.push`` loads it on every server with the
-backend's load call (SGLang's ``/load_lora_adapter``, vLLM's ``/v1/load_lora_adapter``) while
+backend's load call (SGLang's ``/load_lora_adapter``, vLLM's ``/v1/load_lora_adapter``; in memory,
+``weight_update.type=tensor``: the trainer posts SGLang's ``/load_lora_adapter_from_tensors``
+itself and this waits for it, as for a full-weight tensor update) while
 generation goes on; once every server has it, it becomes ``current`` and each new request (and
 each resumed segment) names it in its body (``lora_path``). A request in flight keeps the adapter
 it was sent with, so its tokens all carry that adapter's version, exactly, without an abort.
@@ -22,7 +24,9 @@ import time
 import aiohttp
 
 from arealite.api.io_struct import WeightUpdateMeta, WeightUpdateType
+from arealite.rollout.tensor_sync import await_tensor_push
 from arealite.rollout.weight_sync import WeightSync, WeightUpdateError, WeightUpdateReport
+from arealite.utils.shared_tensors import LORA_FROM_TENSORS_PATH, lora_tensors_body
 
 logger = logging.getLogger("arealite.rollout.lora_adapters")
 
@@ -34,7 +38,9 @@ class AdapterVersions:
         self.max_staleness = max_staleness
         # (name, version) requests are sent with; None: the base model (no adapter pushed yet)
         self.current: tuple[str, int] | None = None
-        self.loaded: dict[int, tuple[str, str]] = {}  # version -> (adapter name, folder)
+        # version -> (adapter name, folder; None: pushed in memory)
+        self.loaded: dict[int, tuple[str, str | None]] = {}
+        self.tensors: tuple[dict, dict] | None = None  # the current in-memory push's adapter
 
     async def push(self, session: aiohttp.ClientSession, addrs: list[str],
                    meta: WeightUpdateMeta, sync: WeightSync) -> WeightUpdateReport:
@@ -46,17 +52,25 @@ class AdapterVersions:
         report = WeightUpdateReport(version=meta.version)
         timeout = min(sync.step_timeout, meta.timeout)
         try:
-            if meta.type != WeightUpdateType.DISK or not meta.path:
-                raise WeightUpdateError("a LoRA adapter is pushed through disk "
-                                        "(weight_update.type=disk)")
+            in_memory = meta.type == WeightUpdateType.TENSOR
+            if not in_memory and (meta.type != WeightUpdateType.DISK or not meta.path):
+                raise WeightUpdateError("a LoRA adapter is pushed through disk or tensor "
+                                        "(weight_update.type)")
             load_path, unload_path = proto.lora_paths  # type: ignore[attr-defined]
-            await sync.wait_disk_ready(meta, timeout)
             if not self.loaded:  # a restarted trainer: servers may hold this name already
                 await asyncio.gather(*(self._unload_quietly(session, a, meta.lora_name, sync)
                                        for a in addrs))
-            body = {"lora_name": meta.lora_name, "lora_path": str(meta.path)}
-            report.updated = await sync.fan_out(session, addrs, load_path, body, report.failed,
-                                                timeout)
+            if in_memory:
+                # the trainer posts /load_lora_adapter_from_tensors itself (its memory)
+                report.updated, why = await await_tensor_push(
+                    list(addrs), meta, report.failed, timeout, route=LORA_FROM_TENSORS_PATH)
+                if why is not None:
+                    raise WeightUpdateError(f"LoRA adapter {meta.lora_name}: {why}")
+            else:
+                await sync.wait_disk_ready(meta, timeout)
+                body = {"lora_name": meta.lora_name, "lora_path": str(meta.path)}
+                report.updated = await sync.fan_out(session, addrs, load_path, body,
+                                                    report.failed, timeout)
             if not report.updated:
                 raise WeightUpdateError(
                     f"LoRA adapter {meta.lora_name} failed on every server: "
@@ -68,7 +82,9 @@ class AdapterVersions:
         finally:
             report.seconds = time.monotonic() - t0
         self.current = (meta.lora_name, meta.version)
-        self.loaded[meta.version] = (meta.lora_name, str(meta.path))
+        self.loaded[meta.version] = (meta.lora_name, None if in_memory else str(meta.path))
+        if in_memory:
+            self.tensors = meta.lora_tensors
         for v in sorted(v for v in self.loaded if v < meta.version - self.max_staleness):
             # failures only logged: a leftover adapter costs memory, never correctness
             await sync.fan_out(session, report.updated, unload_path,
@@ -83,9 +99,15 @@ class AdapterVersions:
         afresh; True once it holds it. Its base weights never moved: nothing else to check."""
         name, version = self.current
         await self._unload_quietly(session, addr, name, sync)
-        body = {"lora_name": name, "lora_path": self.loaded[version][1]}
-        reason = await sync._post(session, addr, sync.protocol.lora_paths[0], body,
-                                  sync.step_timeout, headers=sync.admin_headers)
+        folder = self.loaded[version][1]
+        if folder is None:  # pushed in memory: send the adapter the trainer handed over
+            if self.tensors is None:
+                return False
+            path, body = LORA_FROM_TENSORS_PATH, lora_tensors_body(name, *self.tensors)
+        else:
+            path, body = sync.protocol.lora_paths[0], {"lora_name": name, "lora_path": folder}
+        reason = await sync._post(session, addr, path, body, sync.step_timeout,
+                                  headers=sync.admin_headers)
         if reason is not None:
             logger.warning("server %s cannot load adapter %s: %s", addr, name, reason)
         return reason is None

@@ -33,6 +33,26 @@ def serialize_named_tensors(named: list[tuple[str, torch.Tensor]]) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
+def serialize_tensor_dict(tensors: dict[str, torch.Tensor]) -> str:
+    """The ``/load_lora_adapter_from_tensors`` payload (``load_format`` null): SGLang pickles the
+    adapter's ``{name: tensor}`` dict itself. The same lifetime rule as above."""
+    use_file_system_sharing()
+    buf = io.BytesIO()
+    ForkingPickler(buf).dump({n: t.detach() for n, t in tensors.items()})
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+LORA_FROM_TENSORS_PATH = "/load_lora_adapter_from_tensors"
+
+
+def lora_tensors_body(name: str, config: dict, tensors: dict[str, torch.Tensor]) -> dict:
+    """A ``/load_lora_adapter_from_tensors`` body (SGLang's ``LoadLoRAAdapterFromTensorsReqInput``)
+    for one server: a fresh dump each, since the receiver's unpickling consumes the references
+    a dump takes."""
+    return {"lora_name": name, "config_dict": config,
+            "serialized_named_tensors": [serialize_tensor_dict(tensors)]}
+
+
 def serialize_flattened_bucket(flat: torch.Tensor, metadata: list) -> str:
     """The ``load_format="flattened_bucket"`` payload: ``flat`` (uint8) and SGLang's metadata
     entries (objects or dicts with name, shape, dtype, start_idx, end_idx, numel)."""

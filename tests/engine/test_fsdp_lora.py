@@ -123,12 +123,13 @@ def test_bad_adapter_folder_and_target_modules(tiny_model_dir, tmp_path):
     e.destroy()
 
 
-def test_a_lora_grpo_run_must_push_through_disk():
+def test_a_lora_grpo_run_must_push_through_disk_or_memory():
     from arealite.api.config import GRPOConfig
 
     with pytest.raises(ValueError, match="weight_update.type=disk"):
         GRPOConfig.model_validate({"actor": {"lora": {"rank": 4}},
                                    "weight_update": {"type": "distributed"}})
-    cfg = GRPOConfig.model_validate({"actor": {"lora": {"rank": 4}},
-                                     "weight_update": {"type": "disk"}})
-    assert cfg.actor.lora.rank == 4
+    for how in ("disk", "tensor"):  # tensor: in memory (/load_lora_adapter_from_tensors)
+        cfg = GRPOConfig.model_validate({"actor": {"lora": {"rank": 4}},
+                                         "weight_update": {"type": how}})
+        assert cfg.actor.lora.rank == 4

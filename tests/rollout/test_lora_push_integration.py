@@ -125,3 +125,44 @@ def test_adapter_versions_pushed_beside_each_other(tiny_model_dir, tmp_path):
         finally:
             client.destroy()
             actor.destroy()
+
+
+def test_adapter_pushed_in_memory(tiny_model_dir):
+    """``weight_update.type=tensor`` with LoRA: trainer rank 0 hands the adapter to the server
+    by shared-memory reference (``/load_lora_adapter_from_tensors``), no file written; requests
+    get the trainer's logprobs and the version; a server re-admitted after a failure gets the
+    current adapter from the client's copy."""
+    actor = lora_engine(tiny_model_dir)
+    with embedded_server(str(tiny_model_dir), ["--enable-lora", "--random-seed", "0"]) as addr:
+        client = RemoteSGLangEngine(InferenceEngineConfig(
+            setup_timeout=30, request_timeout=120, weight_update_timeout=60,
+            max_head_offpolicyness=0, health_check_interval=0.2))
+        client.initialize([addr])
+        try:
+            for v in (1, 2):
+                meta = WeightUpdateMeta.tensor(v, timeout=60)
+                meta.lora_name = f"mem-v{v}"
+                fut = client.update_weights(meta)
+                actor.upload_weights(meta)
+                fut.result(60)
+                client.set_version(v)
+                r = client.executor.run_coroutine(client.agenerate(request(12))).result(60)
+                assert r.output_versions == [v] * 12
+                got = torch.tensor(r.output_logprobs)
+                assert float((got - logprobs(actor, r.output_tokens)).abs().max()) < 1e-5
+                sft_step(actor)
+            loaded = requests.get(f"http://{addr}/v1/models", timeout=10).json()["data"]
+            assert [c["id"] for c in loaded[1:]] == ["mem-v2"]  # v1 past the bound: unloaded
+            # the server fails and comes back empty-handed: the probe reloads mem-v2 on it
+            requests.post(f"http://{addr}/unload_lora_adapter", json={"lora_name": "mem-v2"},
+                          timeout=10)
+            client.pool.mark_unhealthy(addr, "test: taken out")
+            deadline = time.monotonic() + 30
+            while not client.pool.healthy_addrs():
+                assert time.monotonic() < deadline, client.pool.describe()
+                time.sleep(0.05)
+            r = client.executor.run_coroutine(client.agenerate(request(4))).result(60)
+            assert r.output_versions == [2] * 4
+        finally:
+            client.destroy()
+            actor.destroy()

@@ -199,6 +199,44 @@ def test_openai_routes_pick_the_adapter_as_sglang_does(lora_server, adapters):
     assert cards["a"]["parent"] in cards and cards["a"]["root"].endswith("a")
 
 
+def test_load_adapter_from_tensors(lora_server, adapters):
+    """SGLang's ``/load_lora_adapter_from_tensors`` (the payload by shared-memory reference):
+    the adapter serves its requests with the peft model's logprobs, its path reads
+    ``__tensor__``; a checksum mismatch, a bad payload or a tensor that fits no layer is a 400."""
+    import hashlib
+    import json as _json
+
+    from safetensors.torch import load_file
+
+    from arealite.utils.shared_tensors import lora_tensors_body
+
+    root, engines = adapters
+    cfg = _json.loads((root / "b" / "adapter_config.json").read_text())
+    tensors = load_file(str(root / "b" / "adapter_model.safetensors"))
+    sums = {n: hashlib.sha256(t.contiguous().flatten().view(torch.uint8).numpy().tobytes())
+            .hexdigest() for n, t in tensors.items()}
+    bad = dict(sums, **{next(iter(sums)): "0" * 64})
+    r = post(lora_server, "/load_lora_adapter_from_tensors",
+             {**lora_tensors_body("mem", cfg, tensors), "expected_checksums": bad})
+    assert r.status_code == 400 and "expected_checksums" in r.json()["error_message"], r.text
+    r = post(lora_server, "/load_lora_adapter_from_tensors",
+             {**lora_tensors_body("mem", cfg, tensors), "expected_checksums": sums})
+    assert r.status_code == 200 and r.json()["loaded_adapters"]["mem"] == "__tensor__", r.text
+    out = gen(lora_server, {"input_ids": PROMPTS[1], "lora_path": "mem", "return_logprob": True,
+                            "sampling_params": {"max_new_tokens": NEW, "temperature": 1.0,
+                                                "ignore_eos": True}})
+    got = [x[0] for x in out["meta_info"]["output_token_logprobs"]]
+    want = trainer_logprobs(engines["b"], PROMPTS[1], out["output_ids"])
+    assert max(abs(g - w) for g, w in zip(got, want)) < 1e-5
+    r = post(lora_server, "/load_lora_adapter_from_tensors", {
+        "lora_name": "x", "config_dict": cfg, "serialized_named_tensors": ["%%%"]})
+    assert r.status_code == 400 and "base64" in r.json()["error_message"], r.text
+    wrong = {k.replace("q_proj", "nope_proj"): v for k, v in tensors.items()}
+    r = post(lora_server, "/load_lora_adapter_from_tensors", lora_tensors_body("x", cfg, wrong))
+    assert r.status_code == 400 and "nope_proj" in r.json()["error_message"], r.text
+    assert post(lora_server, "/unload_lora_adapter", {"lora_name": "mem"}).status_code == 200
+
+
 def test_openai_model_parameter_forms():
     from servers.lora import openai_lora_path
 
