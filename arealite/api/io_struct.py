@@ -198,6 +198,9 @@ class WeightUpdateMeta:
     # LoRA tensor pushes: (adapter config dict, {peft key: tensor}) that trainer rank 0 sent,
     # kept by the client to load the current adapter on a server it re-admits.
     lora_tensors: tuple[dict[str, Any], dict[str, Any]] | None = None
+    # LoRA: pause the servers around the load (pause -> load -> continue), as a full-weight
+    # update does, instead of loading beside the running versions.
+    lora_pause: bool = False
 
     def __post_init__(self) -> None:
         self.type = WeightUpdateType(self.type)

@@ -45,6 +45,10 @@ class WeightUpdateConfig(BaseConfig):
         "(/load_lora_adapter) or tensor (trainer rank 0 posts /load_lora_adapter_from_tensors "
         "to servers on its host); distributed is refused.",
     )
+    lora_pause: bool = Field(
+        False, description="With actor.lora: pause the servers (rollout.pause_mode) around each "
+        "adapter load, as a full-weight update does, instead of loading each version beside the "
+        "running ones with nothing paused (the default; docs/weight_updates.md).")
     bucket_size_mb: float = Field(64.0, gt=0, description="Bucket size (MiB) of a broadcast or "
                                   "tensor update.")
     master_address: str = Field("127.0.0.1", description="Trainer address for the broadcast group.")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 import aiohttp
 
@@ -43,56 +44,78 @@ class AdapterVersions:
         self.tensors: tuple[dict, dict] | None = None  # the current in-memory push's adapter
 
     async def push(self, session: aiohttp.ClientSession, addrs: list[str],
-                   meta: WeightUpdateMeta, sync: WeightSync) -> WeightUpdateReport:
-        """Load ``meta.lora_name`` from ``meta.path`` on ``addrs`` (no pause), make it current,
-        unload the versions past the staleness bound. Raises ``WeightUpdateError`` (with
-        ``.report``) when no server loaded it."""
+                   meta: WeightUpdateMeta, sync: WeightSync,
+                   on_pause: Callable[[bool], None] | None = None) -> WeightUpdateReport:
+        """Load ``meta.lora_name`` on ``addrs``, make it current, unload the versions past the
+        staleness bound. No pause, unless ``meta.lora_pause``: then the servers are paused
+        (``pause_mode``) around the load, as for a full-weight update, and the requests cut by
+        it resume on the new adapter (``on_pause`` as in ``WeightSync.run``). Raises
+        ``WeightUpdateError`` (with ``.report``) when no server loaded it."""
         t0 = time.monotonic()
         proto = sync.protocol
         report = WeightUpdateReport(version=meta.version)
         timeout = min(sync.step_timeout, meta.timeout)
+        in_memory = meta.type == WeightUpdateType.TENSOR
+        paused: list[str] = []
         try:
-            in_memory = meta.type == WeightUpdateType.TENSOR
             if not in_memory and (meta.type != WeightUpdateType.DISK or not meta.path):
                 raise WeightUpdateError("a LoRA adapter is pushed through disk or tensor "
                                         "(weight_update.type)")
-            load_path, unload_path = proto.lora_paths  # type: ignore[attr-defined]
-            if not self.loaded:  # a restarted trainer: servers may hold this name already
-                await asyncio.gather(*(self._unload_quietly(session, a, meta.lora_name, sync)
-                                       for a in addrs))
-            if in_memory:
-                # the trainer posts /load_lora_adapter_from_tensors itself (its memory)
-                report.updated, why = await await_tensor_push(
-                    list(addrs), meta, report.failed, timeout, route=LORA_FROM_TENSORS_PATH)
-                if why is not None:
-                    raise WeightUpdateError(f"LoRA adapter {meta.lora_name}: {why}")
-            else:
-                await sync.wait_disk_ready(meta, timeout)
-                body = {"lora_name": meta.lora_name, "lora_path": str(meta.path)}
-                report.updated = await sync.fan_out(session, addrs, load_path, body,
-                                                    report.failed, timeout)
-            if not report.updated:
-                raise WeightUpdateError(
-                    f"LoRA adapter {meta.lora_name} failed on every server: "
-                    + "; ".join(f"{a}: {r}" for a, r in report.failed.items()))
+            if not in_memory:
+                await sync.wait_disk_ready(meta, timeout)  # before any pause: it can be long
+            if meta.lora_pause:
+                if on_pause is not None:
+                    on_pause(True)
+                path, body = proto.pause_call(sync.pause_mode)
+                addrs = paused = await sync.fan_out(session, addrs, path, body, report.failed,
+                                                    timeout)
+            report.updated = await self._load(session, addrs, meta, sync, report, timeout)
+            self.current = (meta.lora_name, meta.version)  # before continuing: resumed
+            # segments of the requests a pause cut carry the new adapter
         except WeightUpdateError as e:
             e.report = report
             meta.abort_reason = meta.abort_reason or str(e)
             raise
         finally:
+            if meta.lora_pause:
+                await sync.fan_out(session, paused, proto.continue_path, {}, {}, timeout)
+                if on_pause is not None:
+                    on_pause(False)
             report.seconds = time.monotonic() - t0
-        self.current = (meta.lora_name, meta.version)
         self.loaded[meta.version] = (meta.lora_name, None if in_memory else str(meta.path))
         if in_memory:
             self.tensors = meta.lora_tensors
         for v in sorted(v for v in self.loaded if v < meta.version - self.max_staleness):
             # failures only logged: a leftover adapter costs memory, never correctness
-            await sync.fan_out(session, report.updated, unload_path,
+            await sync.fan_out(session, report.updated, proto.lora_paths[1],
                                {"lora_name": self.loaded.pop(v)[0]}, {}, timeout)
         report.seconds = time.monotonic() - t0
         logger.debug("LoRA adapter %s on %d server(s) in %.3f s", meta.lora_name,
                      len(report.updated), report.seconds)
         return report
+
+    async def _load(self, session: aiohttp.ClientSession, addrs: list[str],
+                    meta: WeightUpdateMeta, sync: WeightSync, report: WeightUpdateReport,
+                    timeout: float) -> list[str]:
+        """The servers of ``addrs`` that loaded the adapter (from its folder, or in memory by
+        the trainer's own posts); raises ``WeightUpdateError`` when none did."""
+        if not self.loaded:  # a restarted trainer: servers may hold this name already
+            await asyncio.gather(*(self._unload_quietly(session, a, meta.lora_name, sync)
+                                   for a in addrs))
+        if meta.type == WeightUpdateType.TENSOR:
+            updated, why = await await_tensor_push(list(addrs), meta, report.failed, timeout,
+                                                   route=LORA_FROM_TENSORS_PATH)
+            if why is not None:
+                raise WeightUpdateError(f"LoRA adapter {meta.lora_name}: {why}")
+        else:
+            body = {"lora_name": meta.lora_name, "lora_path": str(meta.path)}
+            updated = await sync.fan_out(session, addrs, sync.protocol.lora_paths[0], body,
+                                         report.failed, timeout)
+        if not updated:
+            raise WeightUpdateError(
+                f"LoRA adapter {meta.lora_name} failed on every server: "
+                + "; ".join(f"{a}: {r}" for a, r in report.failed.items()))
+        return updated
 
     async def readmit(self, session: aiohttp.ClientSession, addr: str, sync: WeightSync) -> bool:
         """A server back after a failure (the health probe): load the current adapter on it
