@@ -200,7 +200,8 @@ def test_openai_routes_pick_the_adapter_as_sglang_does(lora_server, adapters):
 
 
 def test_load_adapter_from_tensors(lora_server, adapters):
-    """SGLang's ``/load_lora_adapter_from_tensors`` (the payload by shared-memory reference):
+    """SGLang's ``/load_lora_adapter_from_tensors`` (the payload by shared-memory reference, as a
+    dict or a flattened bucket):
     the adapter serves its requests with the peft model's logprobs, its path reads
     ``__tensor__``; a checksum mismatch, a bad payload or a tensor that fits no layer is a 400."""
     import hashlib
@@ -208,7 +209,7 @@ def test_load_adapter_from_tensors(lora_server, adapters):
 
     from safetensors.torch import load_file
 
-    from arealite.utils.shared_tensors import lora_tensors_body
+    from arealite.utils.shared_tensors import lora_tensors_body, serialize_tensor_dict
 
     root, engines = adapters
     cfg = _json.loads((root / "b" / "adapter_config.json").read_text())
@@ -219,8 +220,10 @@ def test_load_adapter_from_tensors(lora_server, adapters):
     r = post(lora_server, "/load_lora_adapter_from_tensors",
              {**lora_tensors_body("mem", cfg, tensors), "expected_checksums": bad})
     assert r.status_code == 400 and "expected_checksums" in r.json()["error_message"], r.text
-    r = post(lora_server, "/load_lora_adapter_from_tensors",
-             {**lora_tensors_body("mem", cfg, tensors), "expected_checksums": sums})
+    # SGLang's plain form (load_format null): the pickled {name: tensor} dict itself
+    r = post(lora_server, "/load_lora_adapter_from_tensors", {
+        "lora_name": "mem", "config_dict": cfg, "expected_checksums": sums,
+        "serialized_named_tensors": [serialize_tensor_dict(tensors)]})
     assert r.status_code == 200 and r.json()["loaded_adapters"]["mem"] == "__tensor__", r.text
     out = gen(lora_server, {"input_ids": PROMPTS[1], "lora_path": "mem", "return_logprob": True,
                             "sampling_params": {"max_new_tokens": NEW, "temperature": 1.0,
