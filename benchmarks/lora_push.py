@@ -24,7 +24,8 @@ parameters' bytes for a broadcast), seconds per push (median ``timeperf/weight_s
 trainer's upload and the servers' load, end to end), seconds per step (mean
 ``timeperf/step``), the mean version span of trained trajectories (how far apart the versions of
 one trajectory's tokens lie: above 0 when a push cut it), greedy held-out accuracy before and
-after. Then the ratios against ``lora-disk``.
+after. Then the ratios against ``lora-disk``. The pushes alone, interleaved round by round on a
+busy server: ``benchmarks/lora_push_modes.py``.
 """
 
 from __future__ import annotations
