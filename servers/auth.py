@@ -21,7 +21,7 @@ ADMIN_PATHS = frozenset({
     "/update_weights_from_distributed", "/update_weights_from_tensor", "/begin_weight_update",
     "/end_weight_update", "/update_weight_version", "/get_weights_by_name",
     "/release_memory_occupation", "/resume_memory_occupation", "/weights_checker",
-    "/load_lora_adapter", "/unload_lora_adapter",
+    "/load_lora_adapter", "/load_lora_adapter_from_tensors", "/unload_lora_adapter",
 })
 
 

@@ -29,6 +29,7 @@ logger = logging.getLogger(__name__)
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
+TENSOR_PATH = "__tensor__"  # the path SGLang reports for an adapter loaded from tensors
 
 
 class LoRAError(ValueError):
@@ -75,42 +76,60 @@ def read_adapter(path: str, model: nn.Module, dtype: torch.dtype, device: torch.
                         f"{ADAPTER_WEIGHTS})")
     try:
         cfg = json.loads((src / ADAPTER_CONFIG).read_text())
-        rank = int(cfg["r"])
-        alpha = float(cfg.get("lora_alpha", rank))
         tensors = load_file(str(src / ADAPTER_WEIGHTS))
     except Exception as e:  # noqa: BLE001 - any unreadable file is the caller's bad adapter
         raise LoRAError(f"cannot read the LoRA adapter at {path}: {e}") from None
+    return adapter_weights(cfg, tensors, f"LoRA adapter at {path}", model, dtype, device,
+                           max_rank, target_modules)
+
+
+def adapter_weights(cfg: dict[str, Any], tensors: dict[str, torch.Tensor], where: str,
+                    model: nn.Module, dtype: torch.dtype, device: torch.device,
+                    max_rank: int | None = None, target_modules: list[str] | None = None,
+                    ) -> tuple[int, float, dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+    """(rank, scaling, weights) of a peft adapter given as its ``adapter_config.json`` dict and
+    its tensors under peft's saved keys, checked against ``model``; ``where`` names it in
+    errors. The weights are copies: the caller's tensors may go away."""
+    try:
+        rank = int(cfg["r"])
+        alpha = float(cfg.get("lora_alpha", rank))
+    except (KeyError, TypeError, ValueError) as e:
+        raise LoRAError(f"{where}: adapter config needs an integer 'r' ({e!r})") from None
+    if rank < 1:
+        raise LoRAError(f"{where}: rank r must be >= 1, got {rank}")
     if cfg.get("use_rslora") or cfg.get("use_dora"):
-        raise LoRAError(f"LoRA adapter at {path}: rsLoRA/DoRA adapters are not supported")
+        raise LoRAError(f"{where}: rsLoRA/DoRA adapters are not supported")
     if max_rank is not None and rank > max_rank:
-        raise LoRAError(f"LoRA adapter at {path} has rank {rank} > --max-lora-rank {max_rank}")
+        raise LoRAError(f"{where} has rank {rank} > --max-lora-rank {max_rank}")
     modules = dict(model.named_modules())
     pairs: dict[str, dict[str, torch.Tensor]] = {}
     for key, t in tensors.items():
         head, _, leaf = key.rpartition(".")  # ...q_proj.lora_A . weight
         mod, _, which = head.rpartition(".")
-        if leaf != "weight" or which not in ("lora_A", "lora_B"):
-            raise LoRAError(f"LoRA adapter at {path}: unexpected tensor {key!r}")
+        if leaf != "weight" or which not in ("lora_A", "lora_B") or \
+                not isinstance(t, torch.Tensor):
+            raise LoRAError(f"{where}: unexpected tensor {key!r}")
         name = mod.removeprefix("base_model.model.")
         pairs.setdefault(name, {})[which] = t
     weights = {}
     for name, ab in pairs.items():
         base = modules.get(name)
         if not isinstance(base, nn.Linear):
-            raise LoRAError(f"LoRA adapter at {path} targets {name!r}, which is not a linear "
+            raise LoRAError(f"{where} targets {name!r}, which is not a linear "
                             "layer of this model")
         leaf = name.rpartition(".")[2]
         if target_modules and leaf not in target_modules:
-            raise LoRAError(f"LoRA adapter at {path} targets {leaf!r}, not in "
+            raise LoRAError(f"{where} targets {leaf!r}, not in "
                             f"--lora-target-modules {target_modules}")
         a, b = ab.get("lora_A"), ab.get("lora_B")
         if a is None or b is None or a.shape != (rank, base.in_features) or \
                 b.shape != (base.out_features, rank):
-            raise LoRAError(f"LoRA adapter at {path}: {name} needs lora_A [{rank}, "
+            raise LoRAError(f"{where}: {name} needs lora_A [{rank}, "
                             f"{base.in_features}] and lora_B [{base.out_features}, {rank}]")
-        weights[name] = (a.to(device=device, dtype=dtype), b.to(device=device, dtype=dtype))
+        weights[name] = (a.to(device=device, dtype=dtype, copy=True),
+                         b.to(device=device, dtype=dtype, copy=True))
     if not weights:
-        raise LoRAError(f"LoRA adapter at {path} holds no lora_A/lora_B tensors")
+        raise LoRAError(f"{where} holds no lora_A/lora_B tensors")
     return rank, alpha / rank, weights
 
 
@@ -167,6 +186,19 @@ class LoRAManager:
         rank, scaling, weights = read_adapter(path, self.model, self.dtype, self.device,
                                               self.max_lora_rank, self.target_modules)
         return LoRAAdapter(name, path, rank, scaling, weights, pinned)
+
+    def from_tensors(self, name: str, cfg: dict[str, Any], tensors: dict[str, torch.Tensor],
+                     pinned: bool = False) -> LoRAAdapter:
+        """An adapter handed over in memory (``/load_lora_adapter_from_tensors``), checked and
+        copied; its path reads ``__tensor__``, as SGLang reports it."""
+        if not name:
+            raise LoRAError("lora_name must not be empty")
+        if name in self.adapters:
+            raise LoRAError(f"The LoRA adapter {name!r} is already loaded")
+        rank, scaling, weights = adapter_weights(
+            cfg, tensors, f"LoRA adapter {name!r}", self.model, self.dtype, self.device,
+            self.max_lora_rank, self.target_modules)
+        return LoRAAdapter(name, TENSOR_PATH, rank, scaling, weights, pinned)
 
     def install(self, adapter: LoRAAdapter) -> None:
         """Register a read adapter and hook the layers it needs (engine thread)."""
@@ -241,6 +273,22 @@ def request_adapters(mgr: LoRAManager | None, lora_path: Any, num: int) -> list[
     per = num // len(lora_path)
     found = [mgr.resolve(p) if isinstance(p, str) or p is None else _bad(p) for p in lora_path]
     return [found[i // per] for i in range(num)]
+
+
+def openai_lora_path(model: str, served_name: str, lora_path: Any) -> Any:
+    """The adapter an OpenAI-route request (``/v1/completions``, ``/v1/chat/completions``) runs
+    on, as SGLang resolves it: ``model`` = ``"<base>:<adapter>"`` names the adapter (the served
+    name is matched whole first, so a served name holding a colon is still the base model),
+    else the body's own ``lora_path`` (SGLang's extra field), else None (the base model). A bare
+    adapter name in ``model`` is the base model on SGLang, so it is here too."""
+    if ":" in model and model != served_name:
+        if model.startswith(f"{served_name}:"):
+            adapter = model[len(served_name) + 1:]
+        else:
+            adapter = model.split(":", 1)[1]
+        if adapter.strip():
+            return adapter.strip()
+    return lora_path
 
 
 def _bad(p: Any) -> None:

@@ -39,6 +39,7 @@ class OpenAIRequest:
     echo: bool = False
     tools: list[dict[str, Any]] | None = None
     prompt_texts: list[str] = field(default_factory=list)
+    lora_path: Any = None  # SGLang's extra field: an adapter name, or one per prompt
 
 
 def _int_field(body: dict, name: str, lo: int, hi: int | None = None) -> int | None:
@@ -185,7 +186,7 @@ def parse_chat(body: dict[str, Any], tokenizer: Any, vocab_size: int) -> OpenAIR
     ids = render_chat(tokenizer, messages, tools)
     return OpenAIRequest(model=body.get("model") or "", prompts=[ids], params=params, n=n,
                          stream=stream, include_usage=usage, logprobs=logprobs,
-                         top_logprobs=top, tools=tools)
+                         top_logprobs=top, tools=tools, lora_path=body.get("lora_path"))
 
 
 def parse_completion(body: dict[str, Any], tokenizer: Any, vocab_size: int) -> OpenAIRequest:
@@ -223,4 +224,5 @@ def parse_completion(body: dict[str, Any], tokenizer: Any, vocab_size: int) -> O
         raise ValueError("echo must be a boolean")
     return OpenAIRequest(model=body.get("model") or "", prompts=prompts, params=params, n=n,
                          stream=stream, include_usage=usage, logprobs=lp is not None,
-                         top_logprobs=lp or 0, echo=echo, prompt_texts=texts)
+                         top_logprobs=lp or 0, echo=echo, prompt_texts=texts,
+                         lora_path=body.get("lora_path"))

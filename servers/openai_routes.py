@@ -23,6 +23,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from servers import generate_route as gen
+from servers.lora import openai_lora_path, request_adapters
 from servers.openai_request import OpenAIRequest, parse_chat, parse_completion
 from servers.request import SamplingParams
 from servers.responses import build_output
@@ -54,22 +55,31 @@ def _stream_error(s: Any) -> bytes | None:
 async def models(request: Request) -> dict:
     state: ServerState = request.app.state.server
     name = _model_name(state)
-    return {"object": "list", "data": [{
-        "id": name, "object": "model", "created": int(state.startup_time), "owned_by": "sglang",
-        "root": name, "parent": None, "max_model_len": state.runner.context_len}]}
+    created = int(state.startup_time)
+    cards = [{"id": name, "object": "model", "created": created, "owned_by": "sglang",
+              "root": name, "parent": None, "max_model_len": state.runner.context_len}]
+    if state.runner.lora is not None:  # loaded adapters, as SGLang lists them
+        cards += [{"id": n, "object": "model", "created": created, "owned_by": "sglang",
+                   "root": path, "parent": name, "max_model_len": None}
+                  for n, path in state.runner.lora.loaded().items()]
+    return {"object": "list", "data": cards}
 
 
 def _sequences(state: ServerState, req: OpenAIRequest) -> list[Sequence]:
+    """One sequence per choice; raises ``ValueError`` (a 400) for bad parameters or an adapter
+    that is not loaded."""
     seqs = []
     one = {k: v for k, v in req.params.items() if k != "n"}
-    for ids in req.prompts:
+    lora = openai_lora_path(req.model, _model_name(state), req.lora_path)
+    adapters = request_adapters(state.runner.lora, lora, len(req.prompts))
+    for ids, adapter in zip(req.prompts, adapters):
         for _ in range(req.n):
             params = SamplingParams.from_dict(one, state.runner.vocab_size)
             prompt = gen._fit_context(list(ids), params, state.runner.context_len,
                                       state.args.allow_auto_truncate)
             seqs.append(Sequence(rid=uuid.uuid4().hex, prompt=prompt, params=params,
                                  return_logprob=req.logprobs, top_logprobs_num=req.top_logprobs,
-                                 stream=req.stream))
+                                 stream=req.stream, lora=adapter))
     return seqs
 
 

@@ -103,13 +103,7 @@ def deserialize(data: str | bytes) -> object:
 
 def named_tensors(serialized: list[str | bytes], load_format: str | None) -> NamedTensors:
     """The ``(name, tensor)`` pairs of a request (tp_size is 1 here: one entry)."""
-    if load_format not in LOAD_FORMATS:
-        raise PayloadError(f"load_format {load_format!r} is not supported here; use one of "
-                           f"{list(LOAD_FORMATS)}")
-    if len(serialized) != 1:
-        raise PayloadError(f"serialized_named_tensors has {len(serialized)} entries; this "
-                           "server has tp_size 1, so it takes exactly one")
-    obj = deserialize(serialized[0])
+    obj = _own_rank(serialized, load_format)
     if load_format == "flattened_bucket":
         return _unflatten(obj)
     if not isinstance(obj, (list, tuple)) or not obj:
@@ -122,6 +116,30 @@ def named_tensors(serialized: list[str | bytes], load_format: str | None) -> Nam
             raise PayloadError(f"item {i} is not a (name, tensor) pair")
         out.append((item[0], item[1]))
     return out
+
+
+def tensor_dict(serialized: list[str | bytes], load_format: str | None) -> dict[str, torch.Tensor]:
+    """The ``{name: tensor}`` of a ``/load_lora_adapter_from_tensors`` request: SGLang pickles a
+    dict there (``load_format`` null) or a flattened bucket."""
+    obj = _own_rank(serialized, load_format)
+    if load_format == "flattened_bucket":
+        return dict(_unflatten(obj))
+    if not isinstance(obj, dict) or not obj or not all(
+            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items()):
+        raise PayloadError(f"expected a non-empty dict of name -> tensor, got "
+                           f"{type(obj).__name__}")
+    return obj
+
+
+def _own_rank(serialized: list[str | bytes], load_format: str | None) -> object:
+    """The one rank's payload object (tp_size is 1 here)."""
+    if load_format not in LOAD_FORMATS:
+        raise PayloadError(f"load_format {load_format!r} is not supported here; use one of "
+                           f"{list(LOAD_FORMATS)}")
+    if len(serialized) != 1:
+        raise PayloadError(f"serialized_named_tensors has {len(serialized)} entries; this "
+                           "server has tp_size 1, so it takes exactly one")
+    return deserialize(serialized[0])
 
 
 def _unflatten(obj: object) -> NamedTensors:

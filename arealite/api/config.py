@@ -395,9 +395,9 @@ class GRPOConfig(BaseExperimentConfig):
             )
         if self.actor.kl_ctl > 0 and self.ref is None:
             raise ValueError("actor.kl_ctl > 0 needs a `ref` model")
-        if self.actor.lora is not None and self.weight_update.type != "disk":
-            raise ValueError("actor.lora pushes only its adapter, through disk: set "
-                             "weight_update.type=disk")
+        if self.actor.lora is not None and self.weight_update.type == "distributed":
+            raise ValueError("actor.lora pushes only its adapter, through disk or in memory: "
+                             "set weight_update.type=disk or tensor")
         opt = self.actor.optimizer
         if (self.total_train_seconds and self.total_train_steps is None and opt is not None
                 and opt.lr_scheduler_type != "constant"):

@@ -195,6 +195,12 @@ class WeightUpdateMeta:
     # LoRA: ``path`` holds only an adapter (peft's format), loaded under this name beside the
     # older versions (``/load_lora_adapter``), with no pause (arealite.rollout.lora_adapters).
     lora_name: str | None = None
+    # LoRA tensor pushes: (adapter config dict, {peft key: tensor}) that trainer rank 0 sent,
+    # kept by the client to load the current adapter on a server it re-admits.
+    lora_tensors: tuple[dict[str, Any], dict[str, Any]] | None = None
+    # LoRA: pause the servers around the load (pause -> load -> continue), as a full-weight
+    # update does, instead of loading beside the running versions.
+    lora_pause: bool = False
 
     def __post_init__(self) -> None:
         self.type = WeightUpdateType(self.type)

@@ -41,8 +41,14 @@ class WeightUpdateConfig(BaseConfig):
         "(vLLM servers: vLLM's NCCL weight transfer, GPUs only; on CPU it falls back to disk); "
         "tensor: servers on the trainer's host get /update_weights_from_tensor by shared-memory "
         "(CUDA IPC on GPUs) reference, each trainer rank pushing to its own servers "
-        "(docs/weight_updates.md).",
+        "(docs/weight_updates.md). With actor.lora, only the adapter moves, with no pause: disk "
+        "(/load_lora_adapter) or tensor (trainer rank 0 posts /load_lora_adapter_from_tensors "
+        "to servers on its host); distributed is refused.",
     )
+    lora_pause: bool = Field(
+        False, description="With actor.lora: pause the servers (rollout.pause_mode) around each "
+        "adapter load, as a full-weight update does, instead of loading each version beside the "
+        "running ones with nothing paused (the default; docs/weight_updates.md).")
     bucket_size_mb: float = Field(64.0, gt=0, description="Bucket size (MiB) of a broadcast or "
                                   "tensor update.")
     master_address: str = Field("127.0.0.1", description="Trainer address for the broadcast group.")

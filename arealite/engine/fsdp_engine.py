@@ -214,6 +214,11 @@ class FSDPEngine(TrainEngine):
         return model, full
 
     @property
+    def _dcp_keeps(self):
+        """A LoRA run's DCP checkpoints hold the adapter alone (the base is config.path)."""
+        return lora.is_adapter_param if self.is_lora else None
+
+    @property
     def is_lora(self) -> bool:
         return self.config.lora is not None
 
@@ -457,7 +462,8 @@ class FSDPEngine(TrainEngine):
                 "lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler else None,
                 "world_size": self.world_size,
             }
-            ckpt.save_dcp(model, self.optimizer if meta.with_optim else None, meta.path, extra)
+            ckpt.save_dcp(model, self.optimizer if meta.with_optim else None, meta.path, extra,
+                          only=self._dcp_keeps)
         else:
             raise ValueError(f"unknown weight_format {meta.weight_format!r}")
 
@@ -472,7 +478,8 @@ class FSDPEngine(TrainEngine):
         elif meta.weight_format == "dcp":
             if meta.with_optim and self.optimizer is None:
                 raise ValueError("with_optim=True but this engine has no optimizer")
-            extra = ckpt.load_dcp(model, self.optimizer if meta.with_optim else None, meta.path)
+            extra = ckpt.load_dcp(model, self.optimizer if meta.with_optim else None, meta.path,
+                                  only=self._dcp_keeps)
             self.clock.value = int(extra.get("version", 0))
             self.global_step = int(extra.get("global_step", 0))
             if meta.with_optim and self.lr_scheduler is not None and extra.get("lr_scheduler"):

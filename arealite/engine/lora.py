@@ -155,12 +155,30 @@ def load_adapter(model: nn.Module, path: str | os.PathLike) -> None:
             p.copy_(full)
 
 
+def adapter_config_dict(model: nn.Module) -> dict[str, Any]:
+    """The model's ``adapter_config.json`` as a JSON-ready dict (what peft writes)."""
+    cfg = model.peft_config[ADAPTER_NAME].to_dict()
+    return json.loads(json.dumps(cfg, default=lambda o: sorted(o) if isinstance(o, set) else str(o)))
+
+
 def push_adapter(model: nn.Module, meta: WeightUpdateMeta, is_rank0: bool, group: Any) -> None:
-    """A LoRA weight push (``WeightUpdateMeta``): only the adapter moves, in peft's format at
-    ``meta.path`` (the servers load it with ``/load_lora_adapter`` beside the older versions),
-    then the ready marker."""
+    """A LoRA weight push (``WeightUpdateMeta``): only the adapter moves, loaded by the servers
+    beside the older versions. Disk: peft's format at ``meta.path`` (``/load_lora_adapter``),
+    then the ready marker. Tensor: rank 0 hands it in memory to the servers of
+    ``meta.targets`` (``/load_lora_adapter_from_tensors``, same host), and publishes
+    ``meta.target_failures`` and the adapter (``meta.lora_tensors``, for re-admitting a
+    server later). Collective."""
+    if meta.type == WeightUpdateType.TENSOR:
+        tensors = gather_adapter(model)
+        if is_rank0:
+            from arealite.engine.lora_tensor_push import post_adapter_tensors
+
+            post_adapter_tensors(meta, adapter_config_dict(model), tensors)
+        dist.barrier(group=group)
+        return
     if meta.type != WeightUpdateType.DISK:
-        raise ValueError("a LoRA run pushes its adapter through disk: set weight_update.type=disk")
+        raise ValueError("a LoRA run pushes its adapter through disk or tensor: set "
+                         "weight_update.type=disk or tensor")
     save_adapter(model, meta.path)
     if is_rank0:
         meta.write_disk_marker()

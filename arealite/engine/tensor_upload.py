@@ -30,7 +30,7 @@ from arealite.utils.sync_http import admin_headers, post_json
 from arealite.utils.weight_checksum import dtype_name, tensor_checksum
 
 
-def _wait_targets(meta: WeightUpdateMeta, deadline: float) -> list[str]:
+def wait_targets(meta: WeightUpdateMeta, deadline: float) -> list[str]:
     while meta.targets is None:
         _check_abort(meta)
         if time.monotonic() >= deadline:
@@ -59,7 +59,7 @@ def upload_by_reference(model: nn.Module, meta: WeightUpdateMeta, rank: int, wor
     box: list = [None]
     if rank == 0:
         try:
-            box[0] = _wait_targets(meta, deadline)
+            box[0] = wait_targets(meta, deadline)
         except WeightUploadError as e:
             box[0], err = [], str(e)
     if dist.is_initialized() and world > 1:

@@ -379,9 +379,9 @@ class RemoteSGLangEngine(InferenceEngine):
         if not targets:
             raise WeightUpdateError("no healthy server to update: " + self.pool.describe())
         try:
-            if meta.lora_name is not None:  # a LoRA adapter: loaded beside the old ones, no pause
+            if meta.lora_name is not None:  # a LoRA adapter: loaded beside the old ones
                 report = await self.adapters.push(self._sessions.get(), targets, meta,
-                                                  self.weight_sync)
+                                                  self.weight_sync, self._set_updating)
             else:
                 report = await self.weight_sync.run(self._sessions.get(), targets, meta,
                                                     on_pause=self._set_updating)

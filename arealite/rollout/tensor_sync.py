@@ -16,7 +16,9 @@ from arealite.api.io_struct import WeightUpdateMeta
 
 
 async def await_tensor_push(alive: list[str], meta: WeightUpdateMeta, failed: dict[str, str],
-                            timeout: float, poll: float = 0.005) -> tuple[list[str], str | None]:
+                            timeout: float, poll: float = 0.005,
+                            route: str = "/update_weights_from_tensor",
+                            ) -> tuple[list[str], str | None]:
     """``(servers updated, None)`` or ``(..., why the whole update failed)``; per-server
     failures go to ``failed``."""
     meta.target_failures = None
@@ -32,5 +34,5 @@ async def await_tensor_push(alive: list[str], meta: WeightUpdateMeta, failed: di
     if "*" in got:
         return [], f"the trainer's push failed: {got['*']}"
     for a, reason in got.items():
-        failed.setdefault(a, f"/update_weights_from_tensor: {reason}")
+        failed.setdefault(a, f"{route}: {reason}")
     return [a for a in alive if a not in got], None

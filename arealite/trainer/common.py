@@ -74,6 +74,7 @@ def weight_meta(
         # weights never change, so there is nothing to checksum
         run = Path(disk_root).resolve()
         meta.lora_name = f"{run.parent.parent.name}-{run.parent.name}-v{version}"
+        meta.lora_pause = wu.lora_pause
         meta.verify = False
     return meta
 

@@ -6,12 +6,15 @@ HF: every rank takes part in gathering the full state dict, rank 0 writes safete
 DCP: model and optimizer state are saved as DTensor shards through
 ``torch.distributed.checkpoint`` with fully qualified names (``get_state_dict``), so a checkpoint
 written on N ranks loads on M ranks (DCP reshards on load). Scheduler state, version and step
-counters are small: rank 0 writes them beside the shards as ``engine_state.pt``.
+counters are small: rank 0 writes them beside the shards as ``engine_state.pt``. With ``only``
+(a LoRA run: the adapter's parameters) the model part holds just those parameters: the frozen
+rest is rebuilt from the base model at start, so it is neither written nor read.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +22,11 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
 
 from arealite.utils.fsdp import full_state_dict, reshard_all
 
@@ -102,9 +109,11 @@ def save_dcp(
     optimizer: torch.optim.Optimizer | None,
     path: str | os.PathLike,
     extra: dict[str, Any] | None = None,
+    only: Callable[[str], bool] | None = None,
 ) -> None:
     """Sharded checkpoint of model (+ optimizer) at ``path``; ``extra`` (scheduler state,
-    version, counters) is written by rank 0. Collective."""
+    version, counters) is written by rank 0; ``only``: the model entries kept (by name).
+    Collective."""
     out = Path(path)
     if _rank() == 0:
         out.mkdir(parents=True, exist_ok=True)
@@ -115,6 +124,8 @@ def save_dcp(
     else:
         msd, _ = get_state_dict(model, [])
         state = {"model": msd}
+    if only is not None:
+        state["model"] = {k: v for k, v in state["model"].items() if only(k)}
     dcp.save(state, checkpoint_id=str(out))
     if _rank() == 0:
         tmp = out / (ENGINE_STATE + ".tmp")
@@ -127,9 +138,10 @@ def load_dcp(
     model: nn.Module,
     optimizer: torch.optim.Optimizer | None,
     path: str | os.PathLike,
+    only: Callable[[str], bool] | None = None,
 ) -> dict[str, Any]:
     """Load a checkpoint written by :func:`save_dcp`, on any number of ranks; returns ``extra``.
-    Collective."""
+    ``only``: the model entries read (the rest of the model keeps its weights). Collective."""
     src = Path(path)
     if not (src / ENGINE_STATE).exists():
         raise FileNotFoundError(f"{src} is not a DCP checkpoint of ours (no {ENGINE_STATE})")
@@ -143,11 +155,15 @@ def load_dcp(
     else:
         msd, _ = get_state_dict(model, [])
         state = {"model": msd}
+    if only is not None:
+        state["model"] = {k: v for k, v in state["model"].items() if only(k)}
+    opts = StateDictOptions(strict=only is None)
     reshard_all(model)
     dcp.load(state, checkpoint_id=str(src))
     if with_optim:
         set_state_dict(model, optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optim"])
+                       optim_state_dict=state["optim"], options=opts)
     else:
-        set_state_dict(model, [], model_state_dict=state["model"], optim_state_dict={})
+        set_state_dict(model, [], model_state_dict=state["model"], optim_state_dict={},
+                       options=opts)
     return extra

@@ -33,6 +33,41 @@ def serialize_named_tensors(named: list[tuple[str, torch.Tensor]]) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
+def serialize_tensor_dict(tensors: dict[str, torch.Tensor]) -> str:
+    """The ``/load_lora_adapter_from_tensors`` payload (``load_format`` null): SGLang pickles the
+    adapter's ``{name: tensor}`` dict itself. The same lifetime rule as above."""
+    use_file_system_sharing()
+    buf = io.BytesIO()
+    ForkingPickler(buf).dump({n: t.detach() for n, t in tensors.items()})
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+LORA_FROM_TENSORS_PATH = "/load_lora_adapter_from_tensors"
+
+
+def lora_tensors_body(name: str, config: dict, tensors: dict[str, torch.Tensor]) -> dict:
+    """A ``/load_lora_adapter_from_tensors`` body (SGLang's ``LoadLoRAAdapterFromTensorsReqInput``)
+    for one server, as one flattened bucket: an adapter is dozens of small tensors, and each
+    tensor of a plain dump costs a shared-memory file of its own. A fresh dump per server,
+    since the receiver's unpickling consumes the references a dump takes."""
+    flat, metadata = flatten_tensors(tensors)
+    return {"lora_name": name, "config_dict": config, "load_format": "flattened_bucket",
+            "serialized_named_tensors": [serialize_flattened_bucket(flat, metadata)]}
+
+
+def flatten_tensors(tensors: dict[str, torch.Tensor]) -> tuple[torch.Tensor, list[dict]]:
+    """One ``uint8`` tensor holding every tensor's bytes, and SGLang's bucket metadata (byte
+    offsets) as dicts."""
+    parts, metadata, off = [], [], 0
+    for n, t in tensors.items():
+        b = t.detach().contiguous().reshape(-1).view(torch.uint8)
+        metadata.append({"name": n, "shape": t.shape, "dtype": t.dtype, "start_idx": off,
+                         "end_idx": off + b.numel(), "numel": t.numel()})
+        parts.append(b)
+        off += b.numel()
+    return torch.cat(parts), metadata
+
+
 def serialize_flattened_bucket(flat: torch.Tensor, metadata: list) -> str:
     """The ``load_format="flattened_bucket"`` payload: ``flat`` (uint8) and SGLang's metadata
     entries (objects or dicts with name, shape, dtype, start_idx, end_idx, numel)."""

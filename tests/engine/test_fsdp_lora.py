@@ -4,6 +4,7 @@ equal peft's own model, and checkpoints / pushes carry the adapter alone."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -102,6 +103,17 @@ def test_dcp_checkpoint_resumes_adapter_and_optimizer(tiny_model_dir, tmp_path):
     data = random_trajectories(6, seed=5)
     e.train_batch(data, _sft_loss, _weight)
     e.save(SaveLoadMeta(path=str(tmp_path / "ck"), weight_format="dcp", with_optim=True))
+    # the checkpoint holds the adapter and its optimizer state, never the frozen base
+    from torch.distributed.checkpoint import FileSystemReader
+
+    keys = list(FileSystemReader(str(tmp_path / "ck")).read_metadata().state_dict_metadata)
+    model_keys = [k for k in keys if k.startswith("model.")]
+    assert model_keys and all(lora.is_adapter_param(k) for k in model_keys), model_keys[:3]
+    assert any(k.startswith("optim.state.") and ".lora_" in k for k in keys)
+    assert not any(k.startswith("optim.state.") and ".lora_" not in k for k in keys)
+    ck_bytes = sum(f.stat().st_size for f in (tmp_path / "ck").rglob("*") if f.is_file())
+    base_bytes = sum(f.stat().st_size for f in Path(tiny_model_dir).glob("*.safetensors"))
+    assert ck_bytes < base_bytes / 2, (ck_bytes, base_bytes)
     e.train_batch(data, _sft_loss, _weight)
     after_two = e.forward(data)
     e2 = lora_engine(tiny_model_dir)
@@ -123,12 +135,13 @@ def test_bad_adapter_folder_and_target_modules(tiny_model_dir, tmp_path):
     e.destroy()
 
 
-def test_a_lora_grpo_run_must_push_through_disk():
+def test_a_lora_grpo_run_must_push_through_disk_or_memory():
     from arealite.api.config import GRPOConfig
 
     with pytest.raises(ValueError, match="weight_update.type=disk"):
         GRPOConfig.model_validate({"actor": {"lora": {"rank": 4}},
                                    "weight_update": {"type": "distributed"}})
-    cfg = GRPOConfig.model_validate({"actor": {"lora": {"rank": 4}},
-                                     "weight_update": {"type": "disk"}})
-    assert cfg.actor.lora.rank == 4
+    for how in ("disk", "tensor"):  # tensor: in memory (/load_lora_adapter_from_tensors)
+        cfg = GRPOConfig.model_validate({"actor": {"lora": {"rank": 4}},
+                                         "weight_update": {"type": how}})
+        assert cfg.actor.lora.rank == 4

@@ -125,3 +125,68 @@ def test_adapter_versions_pushed_beside_each_other(tiny_model_dir, tmp_path):
         finally:
             client.destroy()
             actor.destroy()
+
+
+def test_adapter_pushed_in_memory_and_with_a_pause(tiny_model_dir):
+    """``weight_update.type=tensor`` with LoRA: trainer rank 0 hands the adapter to the server
+    by shared-memory reference (``/load_lora_adapter_from_tensors``), no file written; requests
+    get the trainer's logprobs and the version. With ``lora_pause`` a push is pause -> load ->
+    continue: a request in flight is cut (abort) and resumes on the new adapter, every token
+    tagged with the version that made it. A server re-admitted after a failure gets the current
+    adapter from the client's copy."""
+    actor = lora_engine(tiny_model_dir)
+    with embedded_server(str(tiny_model_dir), ["--enable-lora", "--random-seed", "0"]) as addr:
+        base = f"http://{addr}"
+        client = RemoteSGLangEngine(InferenceEngineConfig(
+            setup_timeout=30, request_timeout=120, weight_update_timeout=60,
+            max_head_offpolicyness=0, health_check_interval=0.2, pause_mode="abort"))
+        client.initialize([addr])
+
+        def push(v: int, pause: bool = False) -> None:
+            meta = WeightUpdateMeta.tensor(v, timeout=60)
+            meta.lora_name, meta.lora_pause = f"mem-v{v}", pause
+            fut = client.update_weights(meta)
+            actor.upload_weights(meta)
+            fut.result(60)
+            client.set_version(v)
+
+        try:
+            for v in (1, 2):
+                push(v)
+                r = client.executor.run_coroutine(client.agenerate(request(12))).result(60)
+                assert r.output_versions == [v] * 12
+                got = torch.tensor(r.output_logprobs)
+                assert float((got - logprobs(actor, r.output_tokens)).abs().max()) < 1e-5
+                sft_step(actor)
+            # a long request on v2, held in the batch (the test's in-place pause) with some
+            # tokens made, then a pausing push of v3 cuts it
+            fut = client.executor.run_coroutine(client.agenerate(request(300)))
+            deadline = time.monotonic() + 30
+            while requests.get(f"{base}/v1/loads", timeout=5).json()["loads"][0][
+                    "num_running_reqs"] == 0:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            time.sleep(0.2)
+            requests.post(f"{base}/pause_generation", json={"mode": "in_place"}, timeout=10)
+            push(3, pause=True)
+            r = fut.result(120)
+            k = r.output_versions.count(2)
+            assert r.output_versions == [2] * k + [3] * (300 - k) and 0 < k < 300, k
+            full = logprobs(actor, r.output_tokens)  # the v3 tokens: the v3 adapter's
+            got = torch.tensor(r.output_logprobs)
+            assert float((got[k:] - full[k:]).abs().max()) < 1e-5
+            loaded = requests.get(f"{base}/v1/models", timeout=10).json()["data"]
+            assert [c["id"] for c in loaded[1:]] == ["mem-v3"]  # older ones past the bound
+            # the server fails and comes back empty-handed: the probe reloads mem-v3 on it
+            requests.post(f"{base}/unload_lora_adapter", json={"lora_name": "mem-v3"},
+                          timeout=10)
+            client.pool.mark_unhealthy(addr, "test: taken out")
+            deadline = time.monotonic() + 30
+            while not client.pool.healthy_addrs():
+                assert time.monotonic() < deadline, client.pool.describe()
+                time.sleep(0.05)
+            r = client.executor.run_coroutine(client.agenerate(request(4))).result(60)
+            assert r.output_versions == [3] * 4
+        finally:
+            client.destroy()
+            actor.destroy()

@@ -14,6 +14,7 @@ import os
 import time
 
 import pytest
+import requests
 import torch
 
 from arealite.api.config import InferenceEngineConfig
@@ -128,6 +129,21 @@ def test_lora_adapter_push(vllm_pool, tiny_model_dir, tmp_path):
             row = {"input_ids": prompt + r.output_tokens, "loss_mask": [0] * 5 + [1] * 12}
             want = actor.forward(pad_sequences_to_tensors([row]))[0, 5:]
             assert float((torch.tensor(r.output_logprobs) - want).abs().max()) < 1e-5
+        # vLLM's OpenAI route names the adapter by ``model`` alone; an unknown one is a 404
+        url = f"http://{vllm_pool.addrs[0]}/v1/completions"
+        r = requests.post(url, timeout=60, json={
+            "model": "run-v1", "prompt": prompt, "max_tokens": 6, "logprobs": 0,
+            "return_tokens_as_token_ids": True})
+        assert r.status_code == 200, r.text
+        lp = r.json()["choices"][0]["logprobs"]
+        ids = [int(t.removeprefix("token_id:")) for t in lp["tokens"]]
+        row = {"input_ids": prompt + ids, "loss_mask": [0] * 5 + [1] * len(ids)}
+        want = actor.forward(pad_sequences_to_tensors([row]))[0, 5:]
+        got = torch.tensor(lp["token_logprobs"])
+        assert float((got - want).abs().max()) < 1e-5
+        r = requests.post(url, timeout=60, json={"model": "run-v9", "prompt": prompt,
+                                                 "max_tokens": 2})
+        assert r.status_code == 404 and "run-v9" in r.text, r.text
         meta2 = WeightUpdateMeta(type="disk", path=str(tmp_path / "v1"), version=2,
                                  lora_name="run-v2")
         meta2.write_disk_marker()  # the same adapter again, under the next version's name

@@ -18,6 +18,12 @@ from tests.engine.fsdp_helpers import engine_config
 from tests.procs import embedded_server
 from tests.servers.http_calls import gen, post
 
+
+def requests_get(server: str, path: str) -> dict:
+    import requests
+
+    return requests.get(f"{server}{path}", timeout=30).json()
+
 pytestmark = pytest.mark.integration
 
 PROMPTS = [[5, 17, 42, 8, 99], [7, 7, 123, 55], [201, 3, 64, 12, 80, 31]]
@@ -159,6 +165,90 @@ def test_unload_lets_running_requests_finish(lora_server, adapters):
     got = torch.tensor([x[0] for x in out["meta_info"]["output_token_logprobs"]])
     want = torch.tensor(trainer_logprobs(engines["b"], PROMPTS[2], ids))
     assert float((got - want).abs().max()) < 1e-5  # every token on the adapter it started with
+
+
+def test_openai_routes_pick_the_adapter_as_sglang_does(lora_server, adapters):
+    """``/v1/completions`` and ``/v1/chat/completions``: ``model`` = ``"<base>:<adapter>"`` or
+    the body's ``lora_path`` runs the adapter (its logprobs are the peft model's); a bare name
+    is the base model (as on SGLang); an unknown adapter is a 400 naming it; ``/v1/models``
+    lists the loaded adapters."""
+    _, engines = adapters
+    sampling = {"max_new_tokens": NEW, "temperature": 1.0, "ignore_eos": True,
+                "sampling_seed": 7}  # seeded: the same tokens whatever the batch
+    for extra, name in (({"model": "tiny:a"}, "a"), ({"model": "m", "lora_path": "a"}, "a"),
+                        ({"model": "a"}, None)):
+        r = post(lora_server, "/v1/completions", {
+            "prompt": PROMPTS[0], "max_tokens": NEW, "temperature": 1.0, "ignore_eos": True,
+            "seed": 7, "logprobs": 0, **extra})
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        # the token ids behind the text: /generate on the same model with the same seed
+        ref = gen(lora_server, {"input_ids": PROMPTS[0], "lora_path": name,
+                                "sampling_params": sampling})
+        assert choice["text"] == ref["text"], extra
+        want = trainer_logprobs(engines[name], PROMPTS[0], ref["output_ids"])
+        got = choice["logprobs"]["token_logprobs"]
+        assert max(abs(g - w) for g, w in zip(got, want)) < 1e-5, extra
+    r = post(lora_server, "/v1/completions", {"model": "tiny:nope", "prompt": PROMPTS[0],
+                                               "max_tokens": 2})
+    assert r.status_code == 400 and "nope" in r.json()["message"], r.text
+    r = post(lora_server, "/v1/chat/completions", {
+        "model": "tiny:ghost", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    assert r.status_code == 400 and "ghost" in r.text, r.text
+    cards = {c["id"]: c for c in requests_get(lora_server, "/v1/models")["data"]}
+    assert cards["a"]["parent"] in cards and cards["a"]["root"].endswith("a")
+
+
+def test_load_adapter_from_tensors(lora_server, adapters):
+    """SGLang's ``/load_lora_adapter_from_tensors`` (the payload by shared-memory reference, as a
+    dict or a flattened bucket):
+    the adapter serves its requests with the peft model's logprobs, its path reads
+    ``__tensor__``; a checksum mismatch, a bad payload or a tensor that fits no layer is a 400."""
+    import hashlib
+    import json as _json
+
+    from safetensors.torch import load_file
+
+    from arealite.utils.shared_tensors import lora_tensors_body, serialize_tensor_dict
+
+    root, engines = adapters
+    cfg = _json.loads((root / "b" / "adapter_config.json").read_text())
+    tensors = load_file(str(root / "b" / "adapter_model.safetensors"))
+    sums = {n: hashlib.sha256(t.contiguous().flatten().view(torch.uint8).numpy().tobytes())
+            .hexdigest() for n, t in tensors.items()}
+    bad = dict(sums, **{next(iter(sums)): "0" * 64})
+    r = post(lora_server, "/load_lora_adapter_from_tensors",
+             {**lora_tensors_body("mem", cfg, tensors), "expected_checksums": bad})
+    assert r.status_code == 400 and "expected_checksums" in r.json()["error_message"], r.text
+    # SGLang's plain form (load_format null): the pickled {name: tensor} dict itself
+    r = post(lora_server, "/load_lora_adapter_from_tensors", {
+        "lora_name": "mem", "config_dict": cfg, "expected_checksums": sums,
+        "serialized_named_tensors": [serialize_tensor_dict(tensors)]})
+    assert r.status_code == 200 and r.json()["loaded_adapters"]["mem"] == "__tensor__", r.text
+    out = gen(lora_server, {"input_ids": PROMPTS[1], "lora_path": "mem", "return_logprob": True,
+                            "sampling_params": {"max_new_tokens": NEW, "temperature": 1.0,
+                                                "ignore_eos": True}})
+    got = [x[0] for x in out["meta_info"]["output_token_logprobs"]]
+    want = trainer_logprobs(engines["b"], PROMPTS[1], out["output_ids"])
+    assert max(abs(g - w) for g, w in zip(got, want)) < 1e-5
+    r = post(lora_server, "/load_lora_adapter_from_tensors", {
+        "lora_name": "x", "config_dict": cfg, "serialized_named_tensors": ["%%%"]})
+    assert r.status_code == 400 and "base64" in r.json()["error_message"], r.text
+    wrong = {k.replace("q_proj", "nope_proj"): v for k, v in tensors.items()}
+    r = post(lora_server, "/load_lora_adapter_from_tensors", lora_tensors_body("x", cfg, wrong))
+    assert r.status_code == 400 and "nope_proj" in r.json()["error_message"], r.text
+    assert post(lora_server, "/unload_lora_adapter", {"lora_name": "mem"}).status_code == 200
+
+
+def test_openai_model_parameter_forms():
+    from servers.lora import openai_lora_path
+
+    assert openai_lora_path("base:ad", "base", None) == "ad"
+    assert openai_lora_path("s3://b/m:ad", "s3://b/m", None) == "ad"  # the served name whole
+    assert openai_lora_path("s3://b/m", "s3://b/m", "x") == "x"
+    assert openai_lora_path("other:ad", "base", "x") == "ad"  # the model's adapter wins
+    assert openai_lora_path("ad", "base", None) is None
+    assert openai_lora_path("base:", "base", ["a", None]) == ["a", None]
 
 
 def test_max_loras_per_batch_queues_the_third_adapter(lora_server, adapters):
