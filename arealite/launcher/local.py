@@ -188,13 +188,15 @@ class LocalLauncher:
                         # only the live servers: a restarted trainer waits for every server
                         # it is given, and a dead one would fail each restart in turn
                         env = dict(trainer_spec.env)
-                        for rm_pool, var in ((False, plan.ADDRS_ENV), (True, RM_ADDRS_ENV)):
-                            live = [s.spec.addr for s in self._pool(rm_pool)
-                                    if s.name not in dead_servers and s.spec.addr]
+                        live = {var: [s.spec.addr for s in self._pool(rm_pool)
+                                      if s.name not in dead_servers and s.spec.addr]
+                                for rm_pool, var in ((False, plan.ADDRS_ENV), (True, RM_ADDRS_ENV))}
+                        for var, addrs in live.items():
                             if var in env:
-                                env[var] = ",".join(live)
+                                env[var] = ",".join(addrs)
                         self.say(f"restarting the trainer from {ckpt} (restart {restarts}/"
-                                 f"{rc.retries}; servers kept: {len(live)} live)", err=True)
+                                 f"{rc.retries}; servers kept: {len(live[plan.ADDRS_ENV])} live)",
+                                 err=True)
                         spec = ProcSpec(trainer_spec.name, _with_master_port(
                             trainer_spec.cmd, find_free_port()), env)
                         self._start_trainer(spec)
