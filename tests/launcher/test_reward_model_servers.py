@@ -85,3 +85,12 @@ def test_dry_run_prints_the_pool(capsys):
     cmds = capsys.readouterr().out.split("# commands")[1].splitlines()[1:]
     rm_line = next(c for c in cmds if "--is-embedding" in c)
     assert "/rm" in shlex.split(rm_line) and RM_ADDRS_ENV in cmds[-1]
+
+
+def test_the_ray_launcher_refuses_it_with_one_line(capsys):
+    from arealite.launcher import ray as ray_launcher
+
+    cfg = str(REPO / "configs" / "toy_grpo.yaml")
+    assert ray_launcher.main([cfg, "launcher.reward_model_servers.model_path=/rm",
+                              "reward_model={}"]) == 2
+    assert "does not start a reward-model pool" in capsys.readouterr().err
