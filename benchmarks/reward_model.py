@@ -17,6 +17,11 @@ not).
    = 1 - (T_rm - T_rule) / T_score, clamped to [0, 1]: the part of the scoring cost the step did
    not pay. Runs alternate (rule, rm, rule, rm, ...) and medians are reported, since the two
    servers share the machine's cores with everything else.
+3. Overlap share: in the runs with the reward model, the share of the scoring calls' wall time
+   during which a generation request of the same step was still in flight (each call and each
+   generation request timed at the client). It says whether the calls run beside generation at
+   all; the hidden share says whether that saved time (it cannot when both servers compete for
+   the same cores).
 """
 
 from __future__ import annotations
@@ -65,25 +70,79 @@ def throughput(rm_engine, seqs: list[list[int]]) -> tuple[float, float]:
     return asyncio.run(one_at_a_time()), asyncio.run(all_at_once())
 
 
+class _Timed:
+    """``target``'s ``method`` with each call's (start, end) appended to ``spans``; every other
+    attribute is ``target``'s."""
+
+    def __init__(self, target, method: str, spans: list[tuple[float, float]]) -> None:
+        self._target, self._method, self._spans = target, method, spans
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._target, name)
+        if name != self._method:
+            return attr
+
+        async def timed(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return await attr(*a, **kw)
+            finally:
+                self._spans.append((t0, time.perf_counter()))
+        return timed
+
+
+def overlap_share(inner: list[tuple[float, float]], outer: list[tuple[float, float]]) -> float:
+    """Of the summed length of the ``inner`` spans, the share that lies inside the union of the
+    ``outer`` spans."""
+    union: list[list[float]] = []
+    for a, b in sorted(outer):
+        if union and a <= union[-1][1]:
+            union[-1][1] = max(union[-1][1], b)
+        else:
+            union.append([a, b])
+    total = sum(b - a for a, b in inner)
+    covered = sum(max(0.0, min(b, ub) - max(a, ua)) for a, b in inner for ua, ub in union)
+    return covered / total if total > 0 else 0.0
+
+
 def hidden_share(rollout, rm_engine, tokenizer, rows, n_samples: int, max_new: int,
                  reps: int) -> dict[str, float]:
     from arealite.api.config import GenerationHyperparameters
+    from arealite.api.reward_model_api import RewardModelScorer
     from workflows.rewards.toy import toy_reward
     from workflows.rlvr import RLVRWorkflow
 
+    gen_spans: list[tuple[float, float]] = []
+    score_spans: list[tuple[float, float]] = []
+
+    class TimedScorer(RewardModelScorer):
+        async def ascore_batch(self, sequences: list[list[int]]) -> list[float]:
+            t0 = time.perf_counter()
+            try:
+                return await rm_engine.ascore_batch(sequences)
+            finally:
+                score_spans.append((t0, time.perf_counter()))
+
+    class TimedRLVR(RLVRWorkflow):  # its generation requests timed at the client
+        async def arun_episode(self, engine, data):
+            return await super().arun_episode(_Timed(engine, "agenerate", gen_spans), data)
+
     g = GenerationHyperparameters(n_samples=n_samples, max_new_tokens=max_new, temperature=1.0)
     rule = RLVRWorkflow(toy_reward, g, tokenizer)
-    with_rm = RLVRWorkflow(toy_reward, g, tokenizer, reward_model=rm_engine,
-                           reward_model_combine={"mode": "sum", "rule_weight": 1.0})
-    t_rule, t_rm, t_score = [], [], []
+    with_rm = TimedRLVR(toy_reward, g, tokenizer, reward_model=TimedScorer(),
+                        reward_model_combine={"mode": "sum", "rule_weight": 1.0})
+    t_rule, t_rm, t_score, overlaps = [], [], [], []
     rollout.rollout_batch(rows[:2], rule)  # warm-up
     for _ in range(reps):
         t0 = time.perf_counter()
         rollout.rollout_batch(rows, rule)
         t_rule.append(time.perf_counter() - t0)
+        gen_spans.clear()
+        score_spans.clear()
         t0 = time.perf_counter()
         batch = rollout.rollout_batch(rows, with_rm)
         t_rm.append(time.perf_counter() - t0)
+        overlaps.append(overlap_share(score_spans, gen_spans))
         seqs = [ids[m.bool()].tolist() for ids, m in zip(batch["input_ids"],
                                                          batch["attention_mask"])]
         t0 = time.perf_counter()
@@ -91,7 +150,8 @@ def hidden_share(rollout, rm_engine, tokenizer, rows, n_samples: int, max_new: i
         t_score.append(time.perf_counter() - t0)
     tr, tm, ts = (statistics.median(x) for x in (t_rule, t_rm, t_score))
     return {"t_rule": tr, "t_rm": tm, "t_score": ts, "samples": len(rows) * n_samples,
-            "hidden": min(1.0, max(0.0, 1.0 - (tm - tr) / ts))}
+            "hidden": min(1.0, max(0.0, 1.0 - (tm - tr) / ts)),
+            "overlap": statistics.median(overlaps)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,6 +201,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{h['t_score']:.2f} s")
     print(f"share of scoring time hidden behind generation: {100 * h['hidden']:.0f}% "
           f"(target > 50%)")
+    print(f"share of scoring calls' time with generation still in flight: "
+          f"{100 * h['overlap']:.0f}%")
+    print(f"cores this process may use: {len(os.sched_getaffinity(0))}, load average "
+          f"{os.getloadavg()[0]:.1f}")
     return 0
 
 

@@ -11,7 +11,9 @@ touches another: every request is checked on its own, then waits in the ``ScoreB
 ``ScoreBatcher`` is the server-side batching: requests that arrive while a forward runs wait,
 and the next forward takes all of them (up to ``--max-prefill-tokens`` padded tokens), so
 concurrent single-sample requests from many clients share forwards as SGLang's scheduler
-batches them. The forwards run in the engine thread, which owns the model.
+batches them. The forwards run in the engine thread, which owns the model. While the server's
+memory is released (``/release_memory_occupation``: a co-located trainer holds the device),
+scoring requests wait and run after the resume, as generation requests queue.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from servers.generate_route import error_response
 from servers.state import ServerState
 
 router = APIRouter()
+RELEASED_POLL_S = 0.05  # how often waiting scores look whether the memory is back
 
 NOT_EMBEDDING = ("This model does not appear to be an embedding model by default. Please add "
                  "`--is-embedding` when launching the server or try another model.")
@@ -135,14 +138,19 @@ class ScoreBatcher:
         return out + [cur] if cur else out
 
     async def _drain(self) -> None:
-        runner = self.state.runner
+        runner, engine = self.state.runner, self.state.engine
         while self.pending:
             taken = [(p, f) for p, f in self._take() if not f.done()]  # skip cancelled callers
             flat = [p for prompts, _ in taken for p in prompts]
             scores: list[list[float]] = []
             try:
                 for chunk in self._chunks(flat):
-                    scores += await self.state.in_engine(lambda c=chunk: runner.score(c))
+                    # checked in the engine thread, where releases run: none slips in between
+                    while (out := await self.state.in_engine(
+                            lambda c=chunk: None if engine.memory_released else runner.score(c))
+                           ) is None:
+                        await asyncio.sleep(RELEASED_POLL_S)
+                    scores += out
                     self.forwards += 1
             except Exception as e:  # noqa: BLE001 - handed to each waiting request
                 for _, f in taken:

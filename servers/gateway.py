@@ -1,7 +1,10 @@
 """``python -m servers.gateway --servers host:port,... [--host H --port P]``: one address for a pool.
 
 - ``/generate`` is routed round-robin to healthy servers (streams are proxied as they come);
-  a server that cannot be reached is marked unhealthy and the next one is tried.
+  a server that cannot be reached is marked unhealthy and the next one is tried. ``/classify``
+  and ``/encode`` (SGLang's reward-model scoring) are routed the same way: a gateway over
+  ``--is-embedding`` servers is the reward-model pool's one address (its ``/generate`` is then
+  the servers' 400, as a generation pool's ``/classify`` is).
 - Control calls (``/pause_generation``, ``/continue_generation``, ``/update_weights_from_disk``,
   ``/update_weight_version``, ``/flush_cache``, ``/abort_request``) fan out to every server at
   once and answer ``{"success": all_ok, "results": {addr: {"status", "body"}}}``: 200 when every
@@ -47,6 +50,9 @@ from servers.server_args import ADMIN_API_KEY_ENV, API_KEY_ENV, INSECURE_HELP, c
 logger = logging.getLogger(__name__)
 
 _HOST = re.compile(r"[A-Za-z0-9.\-]{1,253}|\[[0-9A-Fa-f:.]+\]|[0-9A-Fa-f:.]+")
+# routed to one worker each: generation, and SGLang's reward-model scoring (the same
+# EmbeddingReqInput on both scoring routes), for a gateway over --is-embedding servers
+ROUTED = ("/generate", "/classify", "/encode")
 FANOUT = ("/pause_generation", "/continue_generation", "/update_weights_from_disk",
           "/update_weight_version", "/flush_cache", "/abort_request", "/weights_checker")
 WORKER_ADMIN_PATHS = frozenset({"/add_worker", "/remove_worker"})
@@ -185,17 +191,18 @@ def create_app(gw: Gateway) -> FastAPI:
                 "total_workers": len(gw.workers)}
         return JSONResponse(body, status_code=200 if h else 503)
 
-    @app.api_route("/generate", methods=["POST", "PUT"])
-    async def generate(request: Request) -> Response:
+    async def route(path: str, request: Request) -> Response:
+        """One call to one healthy worker, round-robin; an unreachable worker is marked
+        unhealthy and the next is tried; the worker's answer (a 4xx too) is the caller's."""
         body = await request.body()
         try:
-            stream = bool(json.loads(body or b"{}").get("stream"))
+            stream = path == "/generate" and bool(json.loads(body or b"{}").get("stream"))
         except (ValueError, AttributeError):
             stream = False
         for w in gw.pick_order():
             w.sent += 1
             try:
-                resp = await gw.session.post(f"{w.url}/generate", data=body,
+                resp = await gw.session.post(f"{w.url}{path}", data=body,
                                              headers=_fwd_headers(request))
             except aiohttp.ClientError as e:
                 logger.warning("worker %s unreachable: %s", w.url, e)
@@ -216,6 +223,14 @@ def create_app(gw: Gateway) -> FastAPI:
                             media_type=resp.headers.get("Content-Type", "application/json"))
         gw.no_worker += 1
         return JSONResponse({"error": {"message": "no healthy server in the pool"}}, status_code=503)
+
+    def routed(path: str):
+        async def handler(request: Request) -> Response:  # path is bound, not a parameter
+            return await route(path, request)
+        return handler
+
+    for path in ROUTED:
+        app.add_api_route(path, routed(path), methods=["POST", "PUT"], name=path.strip("/"))
 
     async def fan_out(path: str, request: Request) -> JSONResponse:
         body = await request.body()

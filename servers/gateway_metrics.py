@@ -1,7 +1,7 @@
-"""The gateway's ``/metrics`` (``prometheus_client``): per worker its health and the
-``/generate`` calls it was sent, answered and failed, plus control calls fanned out. Read from
-the gateway's own records when scraped; nothing is added to the proxied request's path but two
-integer increments."""
+"""The gateway's ``/metrics`` (``prometheus_client``): per worker its health and the routed
+calls (``/generate``, and ``/classify``, ``/encode`` of a reward-model pool) it was sent,
+answered and failed, plus control calls fanned out. Read from the gateway's own records when
+scraped; nothing is added to the proxied request's path but two integer increments."""
 
 from __future__ import annotations
 
@@ -25,9 +25,9 @@ class GatewayCollector(Collector):
         healthy = GaugeMetricFamily("arealite_gateway_worker_healthy",
                                     "1 while the worker passes its health checks", labels=["worker"])
         sent = CounterMetricFamily("arealite_gateway_generate_requests",
-                                   "/generate calls sent to the worker", labels=["worker"])
+                                   "/generate, /classify and /encode calls sent to the worker", labels=["worker"])
         failed = CounterMetricFamily("arealite_gateway_generate_failures",
-                                     "/generate calls the worker could not be reached for",
+                                     "Routed calls (/generate, /classify, /encode) the worker could not be reached for",
                                      labels=["worker"])
         for w in workers:
             healthy.add_metric([w.url], 1.0 if w.healthy else 0.0)
@@ -42,7 +42,7 @@ class GatewayCollector(Collector):
         n.add_metric(["total"], float(len(workers)))
         yield n
         yield CounterMetricFamily("arealite_gateway_no_worker",
-                                  "/generate calls answered 503: no healthy worker",
+                                  "Routed calls answered 503: no healthy worker",
                                   value=float(self.gw.no_worker))
         fan = CounterMetricFamily("arealite_gateway_fanout_calls",
                                   "Control calls fanned out to every worker", labels=["path"])

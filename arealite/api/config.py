@@ -23,6 +23,7 @@ from arealite.api.run_config import (  # noqa: F401
     EvaluatorConfig,
     LauncherConfig,
     RecoverConfig,
+    RewardModelServersConfig,
     SaverConfig,
     SGLangConfig,
     StatsLoggerConfig,
@@ -370,8 +371,9 @@ class GRPOConfig(BaseExperimentConfig):
     )
     reward_model: InferenceEngineConfig | None = Field(
         None, description="Client of a reward-model server pool (servers started with "
-        "--is-embedding; its server_addrs are required); the workflow gets it as reward_model, "
-        "combined with reward_fn per workflow.kwargs.reward_model_combine. None: rule rewards.")
+        "--is-embedding: its server_addrs, else AREAL_RM_SERVER_ADDRS, which the launcher sets "
+        "for launcher.reward_model_servers); the workflow gets it as reward_model, combined with "
+        "reward_fn per workflow.kwargs.reward_model_combine. None: rule rewards.")
     workflow: WorkflowConfig = Field(
         default_factory=WorkflowConfig, description="The rollout workflow and its reward.")
     sglang: SGLangConfig = Field(
@@ -393,6 +395,9 @@ class GRPOConfig(BaseExperimentConfig):
                 f"actor.group_size ({self.actor.group_size}) must equal gconfig.n_samples "
                 f"({self.gconfig.n_samples})"
             )
+        if self.launcher.reward_model_servers is not None and self.reward_model is None:
+            raise ValueError("launcher.reward_model_servers starts a reward-model pool: set "
+                             "reward_model (its client, e.g. `reward_model: {}`) too")
         if self.actor.kl_ctl > 0 and self.ref is None:
             raise ValueError("actor.kl_ctl > 0 needs a `ref` model")
         if self.actor.lora is not None and self.weight_update.type == "distributed":

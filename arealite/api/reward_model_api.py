@@ -10,6 +10,10 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+# The reward-model pool's addresses when the launcher started it (launcher.reward_model_servers);
+# AREAL_LLM_SERVER_ADDRS names the generation pool.
+RM_ADDRS_ENV = "AREAL_RM_SERVER_ADDRS"
+
 
 class RewardModelScorer(ABC):
     @abstractmethod

@@ -67,6 +67,23 @@ class WeightUpdateConfig(BaseConfig):
     )
 
 
+class RewardModelServersConfig(BaseConfig):
+    """A reward-model server pool the launcher starts beside the generation servers (``python -m
+    servers.launch_server --is-embedding`` or SGLang's); the trainer's ``reward_model`` client
+    gets their addresses in ``AREAL_RM_SERVER_ADDRS``."""
+
+    model_path: str = Field(..., min_length=1, description="The reward model's HF directory "
+                            "(a *ForSequenceClassification checkpoint).")
+    n_servers: int = Field(1, ge=1, description="Reward-model servers to start.")
+    threads: int = Field(1, ge=1, description="torch threads per reward-model server.")
+    backend: Literal["embedded", "sglang"] = Field(
+        "embedded", description="embedded: servers/ (CPU or GPU); sglang: real SGLang. "
+        "Independent of launcher.server_backend (vLLM serves no reward model here).")
+    dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = Field(
+        "auto", description="--dtype of the reward-model servers.")
+    extra_args: list[str] = Field(default_factory=list, description="More flags, passed verbatim.")
+
+
 class LauncherConfig(BaseConfig):
     n_servers: int = Field(1, ge=1, description="Inference servers to start.")
     server_backend: Literal["embedded", "sglang", "vllm"] = Field(
@@ -106,6 +123,11 @@ class LauncherConfig(BaseConfig):
         "weight_update.type=tensor (unless disk) and n_servers=trainer_nproc "
         "(docs/weight_updates.md#co-located-mode).",
     )
+    reward_model_servers: RewardModelServersConfig | None = Field(
+        None, description="(GRPO) A reward-model pool to start with the generation servers "
+        "(mode local or server_only), health-checked and stopped with them; its addresses go to "
+        "the `reward_model` client (set that section too). Each server gets gpus_per_server "
+        "GPUs after the generation servers'. None: none started (reward_model.server_addrs).")
     ray: RayLauncherConfig = Field(default_factory=RayLauncherConfig,
                                    description="Placement on a Ray cluster (arealite.launcher.ray).")
 

@@ -1,11 +1,13 @@
 """The local launcher: ``arealite train CONFIG [key=value ...] [--dry-run]``.
 
-Starts the server pool (embedded ``servers.launch_server`` or real ``sglang.launch_server``),
-waits for every ``/health``, then runs ``torchrun -m arealite.trainer.<kind>`` with the
-addresses in ``AREAL_LLM_SERVER_ADDRS``. Logs are streamed as ``[server0] ...``/``[trainer] ...``
-and written to ``{fileroot}/{experiment}/{trial}/logs/``. When a part fails, everything stops
-and the exit status is non-zero with that part's last lines shown; Ctrl-C or SIGTERM stops
-everything. ``launcher.mode``: ``local`` (both sides), ``server_only`` (servers until Ctrl-C),
+Starts the server pool (embedded ``servers.launch_server`` or real ``sglang.launch_server``)
+and, with ``launcher.reward_model_servers``, a reward-model pool (``launch_server
+--is-embedding``, ``launcher/reward_model_servers.py``), waits for every ``/health``, then runs
+``torchrun -m arealite.trainer.<kind>`` with the addresses in ``AREAL_LLM_SERVER_ADDRS`` (and
+``AREAL_RM_SERVER_ADDRS``). Logs are streamed as ``[server0] ...``/``[trainer] ...`` and written
+to ``{fileroot}/{experiment}/{trial}/logs/``. When a part fails, everything stops and the exit
+status is non-zero with that part's last lines shown; Ctrl-C or SIGTERM stops everything.
+``launcher.mode``: ``local`` (both sides), ``server_only`` (servers until Ctrl-C),
 ``trainer_only`` (servers given by ``rollout.server_addrs`` or ``AREAL_LLM_SERVER_ADDRS``).
 With ``recover.mode=auto`` a failed trainer is restarted (servers kept) from the newest
 recovery checkpoint, at most ``recover.retries`` times.
@@ -27,7 +29,9 @@ from pathlib import Path
 
 from arealite.api.config import BaseExperimentConfig, GRPOConfig
 from arealite.api.config_loader import ConfigError, load_config, to_yaml
+from arealite.api.reward_model_api import RM_ADDRS_ENV
 from arealite.launcher import plan
+from arealite.launcher import reward_model_servers as rm
 from arealite.launcher.plan import LaunchError, ProcSpec
 from arealite.launcher.preflight import check_modules
 from arealite.launcher.scrape_config import write_scrape_config
@@ -69,32 +73,41 @@ class LocalLauncher:
         mode = self.mode()
         servers: list[ProcSpec] = []
         n = self.lc.n_servers if mode in ("local", "server_only") else 0
+        n_rm = rm.n_rm_servers(self.cfg, mode)
         # every port at once, so that no two of them can come out the same (the last is the
         # trainer's rendezvous port)
-        ports = find_free_ports(n + 1)
+        ports = find_free_ports(n + n_rm + 1)
         if mode in ("local", "server_only"):
             assert isinstance(self.cfg, GRPOConfig)
             servers = plan.server_specs(self.cfg, ports[:n])
+            # the reward-model pool's GPUs (if any are handed out) follow the generation servers'
+            servers += rm.rm_server_specs(self.cfg, ports[n:n + n_rm],
+                                          first_gpu=n * self.lc.gpus_per_server)
         if mode == "server_only":
             return servers, None
         if mode == "local":
-            addrs = [s.addr for s in servers if s.addr]
+            addrs = [s.addr for s in servers if s.addr and not rm.is_rm_server(s.name)]
         else:
             addrs = plan.trainer_addrs(self.cfg) if plan.uses_servers(self.cfg) else None
         trainer = plan.trainer_spec(
-            self.cfg, self.config_path, self.overrides, ports[n], addrs,
+            self.cfg, self.config_path, self.overrides, ports[n + n_rm], addrs,
             gpu_offset=plan.trainer_gpu_offset(self.cfg, len(servers)),
         )
-        return servers, trainer
+        rm_addrs = [s.addr for s in servers if s.addr and rm.is_rm_server(s.name)]
+        return servers, rm.with_rm_addrs(trainer, rm_addrs)
 
     # ------------------------------------------------------------------ running
     def _write_scrape_config(self) -> None:
-        addrs = [s.spec.addr for s in self.servers if s.spec.addr]
+        addrs = [s.spec.addr for s in self._pool(rm_pool=False) if s.spec.addr]
         if not addrs and plan.uses_servers(self.cfg) and self.mode() == "trainer_only":
             addrs = plan.trainer_addrs(self.cfg)
         path = write_scrape_config(self.cfg, addrs)
         if path is not None:
             self.say(f"Prometheus scrape config: {path} (docs/observability.md)")
+
+    def _pool(self, rm_pool: bool) -> list[ManagedProcess]:
+        """The generation servers, or (``rm_pool``) the reward-model servers."""
+        return [s for s in self.servers if rm.is_rm_server(s.name) == rm_pool]
 
     def say(self, text: str, err: bool = False) -> None:
         self.console.line("launcher", text, sys.stderr if err else None)
@@ -153,7 +166,8 @@ class LocalLauncher:
                     continue
                 dead_servers.add(s.name)
                 too_many = len(dead_servers) > self.lc.max_server_failures
-                if too_many or len(dead_servers) == len(self.servers):
+                pool = self._pool(rm.is_rm_server(s.name))  # the last of its pool ends the run
+                if too_many or all(p.name in dead_servers for p in pool):
                     return self._fail(s, f"exited with code {code}", code)
                 self.say(f"{s.name} exited with code {code}; continuing on the other servers "
                          f"({len(dead_servers)}/{self.lc.max_server_failures} failures allowed)",
@@ -174,12 +188,15 @@ class LocalLauncher:
                         # only the live servers: a restarted trainer waits for every server
                         # it is given, and a dead one would fail each restart in turn
                         env = dict(trainer_spec.env)
-                        live = [s.spec.addr for s in self.servers
-                                if s.name not in dead_servers and s.spec.addr]
-                        if plan.ADDRS_ENV in env:
-                            env[plan.ADDRS_ENV] = ",".join(live)
+                        live = {var: [s.spec.addr for s in self._pool(rm_pool)
+                                      if s.name not in dead_servers and s.spec.addr]
+                                for rm_pool, var in ((False, plan.ADDRS_ENV), (True, RM_ADDRS_ENV))}
+                        for var, addrs in live.items():
+                            if var in env:
+                                env[var] = ",".join(addrs)
                         self.say(f"restarting the trainer from {ckpt} (restart {restarts}/"
-                                 f"{rc.retries}; servers kept: {len(live)} live)", err=True)
+                                 f"{rc.retries}; servers kept: {len(live[plan.ADDRS_ENV])} live)",
+                                 err=True)
                         spec = ProcSpec(trainer_spec.name, _with_master_port(
                             trainer_spec.cmd, find_free_port()), env)
                         self._start_trainer(spec)
@@ -205,11 +222,17 @@ class LocalLauncher:
                 code = self._wait_healthy()
                 if code is not None:
                     return code
-                line = f"{plan.ADDRS_ENV}={','.join(s.spec.addr or '' for s in self.servers)}"
+                gen = self._pool(rm_pool=False)
+                line = f"{plan.ADDRS_ENV}={','.join(s.spec.addr or '' for s in gen)}"
                 _write_atomic(addrs_file, line + "\n")
                 self.say(f"servers ready: {line}")
+                rm_specs = [s.spec for s in self._pool(rm_pool=True)]
+                if rm_specs:
+                    self.say(f"reward-model servers ready: {rm.addrs_line(rm_specs)}")
                 if mode == "server_only":
                     print(line, flush=True)
+                    if rm_specs:
+                        print(rm.addrs_line(rm_specs), flush=True)
                     self.say("serving until Ctrl-C")
             self._write_scrape_config()
             if trainer_spec is not None:

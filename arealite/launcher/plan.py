@@ -88,7 +88,7 @@ def trainer_addrs(config: BaseExperimentConfig, environ: dict[str, str] | None =
     return addrs
 
 
-def _device_ids(start: int, count: int, environ: dict[str, str]) -> str:
+def device_ids(start: int, count: int, environ: dict[str, str]) -> str:
     """GPU ids ``start .. start+count-1``, mapped through an inherited CUDA_VISIBLE_DEVICES
     (e.g. Slurm's) so a launcher given GPUs 4-7 hands out 4-7, not 0-3."""
     parent = environ.get("CUDA_VISIBLE_DEVICES")
@@ -202,7 +202,7 @@ def _server_env(lc: LauncherConfig, i: int, secrets: dict[str, str],
                 environ: dict[str, str]) -> dict[str, str]:
     env = {"OMP_NUM_THREADS": str(thread_counts(lc)[0]), "PYTHONUNBUFFERED": "1", **secrets}
     if lc.gpus_per_server:
-        env["CUDA_VISIBLE_DEVICES"] = _device_ids(i * lc.gpus_per_server, lc.gpus_per_server,
+        env["CUDA_VISIBLE_DEVICES"] = device_ids(i * lc.gpus_per_server, lc.gpus_per_server,
                                                   environ)
     return env
 
@@ -281,7 +281,7 @@ def trainer_spec(
     if server_addrs:
         env[ADDRS_ENV] = ",".join(server_addrs)
     if gpu_offset is not None:
-        env["CUDA_VISIBLE_DEVICES"] = _device_ids(gpu_offset, lc.trainer_nproc, environ)
+        env["CUDA_VISIBLE_DEVICES"] = device_ids(gpu_offset, lc.trainer_nproc, environ)
     return ProcSpec("trainer", cmd, env)
 
 

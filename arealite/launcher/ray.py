@@ -302,6 +302,10 @@ def main(argv: list[str] | None = None) -> int:
             raise LaunchError("the Ray launcher places servers and a trainer: kind must be grpo")
         if cfg.launcher.mode != "local":
             raise LaunchError("the Ray launcher starts both sides: launcher.mode must be local")
+        if cfg.launcher.reward_model_servers is not None:
+            raise LaunchError("the Ray launcher does not start a reward-model pool yet: start it "
+                              "yourself and set reward_model.server_addrs (drop "
+                              "launcher.reward_model_servers)")
         ray = _require_ray()
         del ray
     except (ConfigError, LaunchError) as e:

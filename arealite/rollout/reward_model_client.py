@@ -15,16 +15,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import uuid
 from typing import Any
 
 from arealite.api.config import GenerationHyperparameters, InferenceEngineConfig
 from arealite.api.io_struct import ModelRequest, VersionClock
-from arealite.api.reward_model_api import RewardModelScorer
+from arealite.api.reward_model_api import RM_ADDRS_ENV, RewardModelScorer
 from arealite.rollout.backend import GenerateProtocol, ProtocolError, Segment
 from arealite.rollout.remote_engine import RemoteSGLangEngine
 from arealite.rollout.sglang_protocol import SGLangProtocol
 from arealite.rollout.weight_sync import get_info
+from arealite.utils.network import parse_addrs
 
 
 def encode_score_body(
@@ -82,11 +84,13 @@ class RemoteRewardModelEngine(RemoteSGLangEngine, RewardModelScorer):
     def initialize(self, addr: str | list[str] | None = None,
                    train_data_parallel_size: int | None = None) -> None:
         """As the generation client, then each server must report ``is_generation: false``.
-        The addresses come from ``addr`` or ``server_addrs`` only (``AREAL_LLM_SERVER_ADDRS``
-        names the generation servers)."""
-        if not (addr or self.config.server_addrs):
+        The addresses come from ``addr``, ``server_addrs`` or ``AREAL_RM_SERVER_ADDRS`` (the
+        launcher's reward-model pool); never ``AREAL_LLM_SERVER_ADDRS``, the generation pool."""
+        addr = addr or self.config.server_addrs or parse_addrs(os.environ.get(RM_ADDRS_ENV), RM_ADDRS_ENV)
+        if not addr:
             raise ValueError("reward-model client: no server addresses; set "
-                             "reward_model.server_addrs to the --is-embedding servers")
+                             "reward_model.server_addrs to the --is-embedding servers, or "
+                             f"launcher.reward_model_servers (which sets {RM_ADDRS_ENV})")
         super().initialize(addr, train_data_parallel_size)
         try:
             self.loop.run(self._check_scoring()).result(self.config.setup_timeout + 10)

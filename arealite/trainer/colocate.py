@@ -14,6 +14,11 @@ the whole host: the servers are on it) and, on accelerators, this device's free 
 figures go to the step's stats as ``colocate/<transition>_seconds`` and ``_freed_mib``. On a
 CPU host the trainer's offloads free nothing (its model is host memory already: see
 ``arealite/engine/offload.py``); the servers' release does (weights spilled, KV cache freed).
+
+A reward-model pool (``reward_model``) takes the same turns: its servers' memory is released
+with the generation servers' after generation (every sample of the step is scored by then: the
+sync rollout returns scored episodes) and resumed with theirs; a score asked for meanwhile waits
+on the server until the resume.
 """
 
 from __future__ import annotations
@@ -43,8 +48,10 @@ def _device_free_bytes(device: torch.device) -> int:
 class ColocatedPhases:
     """The switches of one trainer rank; rank 0 also drives the servers."""
 
-    def __init__(self, rollout, actor, ref, rank: int, timeout: float = 120.0) -> None:
+    def __init__(self, rollout, actor, ref, rank: int, timeout: float = 120.0,
+                 reward_model=None) -> None:
         self.rollout, self.actor, self.ref, self.rank = rollout, actor, ref, rank
+        self.reward_model = reward_model  # its pool's client (RemoteRewardModelEngine) or None
         self.timeout = timeout
         self.device = torch.device(getattr(actor, "device", "cpu"))
         self.released = False
@@ -60,11 +67,15 @@ class ColocatedPhases:
         with stats_tracker.scope("colocate"):
             stats_tracker.scalar(**{f"{name}_seconds": secs, f"{name}_freed_mib": host + dev})
 
-    def _servers(self, path: str, body: dict) -> None:
+    def _servers(self, path: str, body: dict, engine=None) -> None:
+        """``path`` on every healthy server of ``engine``'s pool (the rollout's by default)."""
         if self.rank != 0:
             return
         errors = []
-        for addr in self.rollout.pool.healthy_addrs():
+        addrs = (engine or self.rollout).pool.healthy_addrs()
+        if engine is self.reward_model and engine is not None:
+            logger.info("colocate: %s on the reward-model servers %s", path, ",".join(addrs))
+        for addr in addrs:
             _, reason = post_json(addr, path, body, self.timeout, admin_headers())
             if reason is not None:
                 errors.append(f"{addr}: {reason}")
@@ -77,6 +88,9 @@ class ColocatedPhases:
             self.rollout.pause()  # no new episode while the servers are released
             self._servers("/pause_generation", {"mode": "abort"})
             self._servers("/release_memory_occupation", {"tags": SERVER_TAGS})
+            if self.reward_model is not None:
+                self._servers("/release_memory_occupation", {"tags": SERVER_TAGS},
+                              self.reward_model)
             self.released = True
         self._transition("release_servers", go)
         self._transition("onload_actor", lambda: move_to(self.actor.model, self.actor.optimizer,
@@ -94,6 +108,9 @@ class ColocatedPhases:
         push's ``/continue_generation`` lets them go)."""
         def go() -> None:
             self._servers("/resume_memory_occupation", {"tags": SERVER_TAGS})
+            if self.reward_model is not None:
+                self._servers("/resume_memory_occupation", {"tags": SERVER_TAGS},
+                              self.reward_model)
             self.released = False
         self._transition("resume_servers", go)
 

@@ -1,21 +1,26 @@
 """The reward-model client against a pool of real embedded reward-model servers
 (``--is-embedding``, with an api key): its scores equal a transformers forward to 1e-5; a
 wrong key fails at start-up; a server that dies costs retries on the other, never a score; a
-sequence the servers refuse is a 400 for that sequence only; and RLVR episodes combine the pool's
-scores with the rule reward, each sample scored as soon as it is generated."""
+sequence the servers refuse is a 400 for that sequence only; the gateway (``servers.gateway``)
+over the pool is one address for the client, round-robin, past a dead worker, passing a server's
+400 through; and RLVR episodes combine the pool's scores with the rule reward, each sample scored
+as soon as it is generated."""
 
 from __future__ import annotations
 
 import asyncio
 import random
+import sys
 
 import pytest
+import requests
 import torch
 
 from arealite.api.config import GenerationHyperparameters, InferenceEngineConfig
 from arealite.rollout.remote_engine import GenerationError
 from arealite.rollout.reward_model_client import RemoteRewardModelEngine
-from tests.procs import embedded_servers, kill_group
+from arealite.utils.network import find_free_port, wait_http_ok
+from tests.procs import embedded_servers, kill_group, log_tail, spawn
 from workflows.rewards.format import FormatReward
 from workflows.rewards.model import combine_rewards
 from workflows.rewards.toy import toy_reward
@@ -62,6 +67,41 @@ def _seqs(hf, n, seed):
         if s[-1] != hf.config.pad_token_id:  # HF pools the last non-pad token
             out.append(s)
     return out
+
+
+def _score_forwards(addr: str) -> int:
+    info = requests.get(f"http://{addr}/server_info", timeout=5,
+                        headers={"Authorization": f"Bearer {KEY}"}).json()
+    return info["internal_states"][0].get("score_forwards", 0)  # none before the first score
+
+
+def test_the_gateway_routes_scoring_to_the_pool(rm_pool, hf_rm):
+    addrs = [a for a, _ in rm_pool]
+    port, dead = find_free_port(), find_free_port()  # nothing listens on `dead`
+    cmd = [sys.executable, "-m", "servers.gateway", "--servers", ",".join([*addrs, f"127.0.0.1:{dead}"]),
+           "--port", str(port), "--api-key", KEY, "--health-check-interval", "30"]
+    with spawn(cmd) as (gw, log):
+        assert wait_http_ok(f"http://127.0.0.1:{port}/health", 60), log_tail(log)
+        before = [_score_forwards(a) for a in addrs]
+        eng = _client([f"127.0.0.1:{port}"])  # the gateway is the pool's one address
+        try:
+            seqs = _seqs(hf_rm, 12, 2)
+            got = asyncio.run(eng.ascore_batch(seqs))
+            assert max(abs(g - _score(hf_rm, s)) for g, s in zip(got, seqs)) < 1e-5
+        finally:
+            eng.destroy()
+        assert all(_score_forwards(a) > b for a, b in zip(addrs, before))  # both servers scored
+        url, auth = f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {KEY}"}
+        workers = requests.get(f"{url}/workers", headers=auth, timeout=5).json()["workers"]
+        assert [w["is_healthy"] for w in workers] == [True, True, False]  # the dead one, found
+        enc = requests.post(f"{url}/encode", json={"input_ids": [seqs[0], seqs[1]]}, headers=auth,
+                            timeout=30)
+        assert enc.status_code == 200
+        assert [e["embedding"][0] for e in enc.json()] == pytest.approx(got[:2], abs=1e-5)
+        bad = requests.post(f"{url}/classify", json={"input_ids": []}, headers=auth, timeout=30)
+        assert bad.status_code == 400 and "empty" in bad.text  # the server's own answer
+        assert requests.post(f"{url}/classify", json={"input_ids": [3]},
+                             timeout=30).status_code == 401  # the gateway's key check
 
 
 def test_scores_failover_and_a_bad_sequence(rm_pool, hf_rm):

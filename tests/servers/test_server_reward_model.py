@@ -2,7 +2,8 @@
 and ``/encode`` with SGLang's ``EmbeddingReqInput`` and its ``{"embedding", "meta_info"}``
 answers): scores equal a transformers forward of the same checkpoint to 1e-5, single, batched
 and from concurrent clients (which share forwards); a bad request gets a 400 naming the problem
-while the requests beside it succeed; a reward model does not generate (a generation server
+while the requests beside it succeed; a score asked while the server's memory is released waits
+for the resume and comes back right; a reward model does not generate (a generation server
 does not score: tests/servers/test_server_http.py)."""
 
 from __future__ import annotations
@@ -123,6 +124,22 @@ def test_a_reward_model_does_not_generate(rm_server):
     assert r.status_code == 400 and "does not generate" in r.text, r.text
     assert requests.get(rm_server + "/health_generate", timeout=30).status_code == 200
     assert requests.get(rm_server + "/health", timeout=10).status_code == 200
+
+
+def test_a_score_asked_while_the_memory_is_released_waits_for_the_resume(rm_server, hf_rm):
+    seq = _seqs(hf_rm, 1, seed=5)[0]
+    tags = {"tags": ["weights", "kv_cache"]}
+    assert _post(rm_server, tags, "/release_memory_occupation").status_code == 200
+    try:
+        with cf.ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(_post, rm_server, {"input_ids": seq})
+            with pytest.raises(cf.TimeoutError):
+                waiting.result(timeout=1.0)  # held while the weights are away
+            assert _post(rm_server, tags, "/resume_memory_occupation").status_code == 200
+            r = waiting.result(timeout=60)
+    finally:
+        _post(rm_server, tags, "/resume_memory_occupation")  # a 400 when already resumed
+    assert r.status_code == 200 and abs(r.json()["embedding"][0] - _hf_score(hf_rm, seq)) < 1e-5
 
 
 def test_is_embedding_needs_a_classifier(tiny_model_dir):

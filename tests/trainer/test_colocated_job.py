@@ -1,7 +1,8 @@
 """The main job in co-located mode (``launcher.colocate=true``, the one switch), shortened:
 the same entry script, config and workflow as the disaggregated async job; servers and trainer
 take turns (sync), weights move by shared memory (``weight_update.type: tensor``) and the
-servers' memory is released and resumed around every training phase.
+servers' memory (and the launcher's reward-model pool's, which scores every sample) is released
+and resumed around every training phase.
 
 Every step the behaviour logprobs equal the trainer's recomputed ones to float error, which
 holds only if each shared-memory push landed exactly; every transition is timed and logged.
@@ -24,11 +25,17 @@ TRANSITIONS = ("offload_actor", "release_servers", "onload_actor", "resume_serve
 
 @pytest.mark.integration
 def test_short_colocated_main_job(tmp_path, toy_assets):
+    from arealite.models.reward_model import reward_model_from_causal_lm
+
     (tmp_path / "assets").symlink_to(toy_assets)  # the session's SFT warm start, built once
+    # a reward-model pool beside the servers (the launcher's), taking the same turns
+    rm = reward_model_from_causal_lm(toy_assets / "sft_model", tmp_path / "rm")
     cmd = [sys.executable, "-m", "arealite.cli.main", "main-job", f"cluster.fileroot={tmp_path}",
            f"total_train_steps={STEPS}", f"evaluator.freq_steps={STEPS}", "trial_name=colo",
            "evaluator.max_prompts=16",  # CI time: the held-out set is not what is tested here
-           "launcher.colocate=true"]
+           "launcher.colocate=true", f"launcher.reward_model_servers.model_path={rm}",
+           "launcher.reward_model_servers.dtype=float32", "reward_model={}",
+           "workflow.kwargs.reward_model_combine={mode: sum, model_weight: 0.1}"]
     with spawn(cmd) as (proc, log):
         t0 = time.monotonic()
         while proc.poll() is None and time.monotonic() - t0 < 300:
@@ -38,6 +45,8 @@ def test_short_colocated_main_job(tmp_path, toy_assets):
     assert "launcher.colocate=true sets async_training=false, weight_update.type=tensor" in text
     for name in TRANSITIONS:
         assert f"colocate: {name} in " in text
+    for path in ("/release_memory_occupation", "/resume_memory_occupation"):
+        assert text.count(f"colocate: {path} on the reward-model servers 127.0.0.1:") == STEPS
     rows = [json.loads(x) for x in (tmp_path / "toy-grpo" / "colo" / "logs" / "metrics.jsonl")
             .read_text().splitlines() if x.strip()]
     steps = [r for r in rows if r["step"] >= 1]

@@ -2,13 +2,16 @@
 launcher's scrape config names every server and trainer rank, every target's /metrics parses
 with prometheus_client's own parser and its counters move as steps pass, and the trace nests
 (segments inside their request, requests inside their episode, phases inside their step) with
-step lengths equal to the logged step times."""
+step lengths equal to the logged step times. The run also has a reward-model pool started by
+the launcher (``launcher.reward_model_servers``): the trainer's workflow scores through it while
+it runs, and it is stopped with the rest."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
+import psutil
 import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
@@ -39,13 +42,29 @@ def value(fams: dict[str, list], sample: str, **labels: str) -> float:
                if s.name == sample and all(s.labels.get(k) == v for k, v in labels.items()))
 
 
-def test_metrics_and_trace_of_a_short_run(tmp_path, tiny_model_dir, toy_data_dir):
+def rm_pool(log: str) -> list[str]:
+    """The reward-model servers' addresses, as the launcher announced them."""
+    m = re.search(r"reward-model servers ready: AREAL_RM_SERVER_ADDRS=(\S+)", Path(log).read_text())
+    return m.group(1).split(",") if m else []
+
+
+def score_forwards(addr: str) -> int:
+    info = requests.get(f"http://{addr}/server_info", timeout=5).json()
+    return info["internal_states"][0].get("score_forwards", 0)
+
+
+def test_metrics_and_trace_of_a_short_run(tmp_path, tiny_model_dir, toy_data_dir,
+                                          tiny_reward_model_dir):
     port = find_free_port()
     run = [o for o in small_run(tiny_model_dir, toy_data_dir, STEPS, epochs=4)
            if o not in ("valid_dataset=null", "evaluator.freq_steps=null")]
     over = [*run, f"valid_dataset.path={toy_data_dir / 'valid.jsonl'}", "evaluator.freq_steps=3",
             "evaluator.max_prompts=8", "stats_logger.trace=true",
-            f"stats_logger.metrics_port={port}", "sglang.enable_metrics=true"]
+            f"stats_logger.metrics_port={port}", "sglang.enable_metrics=true",
+            # the launcher's reward-model pool, scored through by the training workflow
+            f"launcher.reward_model_servers.model_path={tiny_reward_model_dir}",
+            "launcher.reward_model_servers.dtype=float32", "reward_model={}",
+            "workflow.kwargs.reward_model_combine={mode: sum, model_weight: 0.5}"]
     cfg = run_dir(tmp_path, TRIAL) / "prometheus.yml"
     with spawn(launcher_cmd("configs/toy_grpo.yaml", tmp_path, TRIAL, over)) as (proc, log):
         def step() -> int:
@@ -65,7 +84,13 @@ def test_metrics_and_trace_of_a_short_run(tmp_path, tiny_model_dir, toy_data_dir
         wait_until(lambda: value(scrape(targets[1]), "arealite_trainer_steps_total") >= done + 2,
                    proc, log, 240, "two steps after the first scrape")
         later = {t: scrape(t) for t in targets}
+        (rm_addr,) = rm_pool(log)
+        assert score_forwards(rm_addr) > 0  # the workflow scored through the launcher's pool
+        rm_server = next(c for c in psutil.Process(proc.pid).children(recursive=True)
+                         if "--is-embedding" in c.cmdline())
         assert wait_exit(proc, log, 240) == 0
+    psutil.wait_procs([rm_server], timeout=10)
+    assert not rm_server.is_running()  # stopped with everything else
 
     server, trainer = targets
     for name in TRAINER_NAMES + ("arealite_trainer_eval_accuracy",):
