@@ -39,13 +39,12 @@ def prefill_distinct(runner: Any, r0: int, seqs: list[Any],
                           device=runner.device)
     starts = torch.zeros(len(distinct), dtype=torch.long, device=runner.device)
     vision = [seqs[b].vision for b in distinct]
+    runner.cache.ensure(r0 + len(seqs), t)  # every row at once: the forward only needs U
     hid = runner.forward(r0, tokens, starts, vision if any(v is not None for v in vision) else None,
                          [seqs[b].lora for b in distinct])
     if len(distinct) < len(seqs):
-        # Row r0 + u holds distinct feed u, and u <= b for every row b: filling rows from the
-        # last down reads each source before that row itself is overwritten.
-        runner.cache.ensure(r0 + len(seqs), t)
-        for b in range(len(seqs) - 1, -1, -1):
-            if pick[b] != b:
-                runner.cache.move_row(r0 + pick[b], r0 + b, len(feeds[b]))
+        # Row r0 + u now holds distinct feed u. Positions past a row's own feed are padding
+        # (hidden by the mask, overwritten later), so one copy of t positions serves every row.
+        dup = [b for b in range(len(seqs)) if pick[b] != b]
+        runner.cache.copy_rows([r0 + pick[b] for b in dup], [r0 + b for b in dup], t)
     return hid, pick
