@@ -7,11 +7,11 @@ Needs TRL's virtualenv: ``make setup-trl`` (``benchmarks/trl_requirements.txt``,
 Common to every system: the main job's tiny Qwen2 model and SFT warm start (built as ``make
 run`` builds them when missing, under ``{fileroot}/assets``), the toy arithmetic task's
 training rows, grader (``workflows.rewards.toy.toy_reward``) and held-out set, evaluated greedily
-with the same max new tokens every ``--eval-every`` optimizer steps; the main job's
-per-step shape (``--prompts`` prompts x ``--samples`` samples, default 16 x 8 as in
-``configs/toy_grpo.yaml``), max new tokens (10), learning rate (2e-4, cosine to 0.2x over the
-main job's 375 steps), clip 0.2, no KL term, gradient clipping 1.0, fp32 on the CPU. Each
-system trains for ``--seconds`` of training time (evaluations excluded):
+with the same max new tokens every ``--eval-every`` optimizer steps; the issue's per-step shape
+(``--prompts`` prompts x ``--samples`` samples, default 8 x 8; the main job runs 16 x 8), at
+most 5 new tokens (``#### N`` and EOS fit; the main job allows 10), learning rate (2e-4,
+cosine to 0.2x over two epochs), clip 0.2, no KL term, gradient clipping 1.0, fp32 on the CPU.
+Each system trains for ``--seconds`` of training time (evaluations excluded):
 
 - ``trl``: ``GRPOTrainer`` (``use_vllm=False``, generation in line) in the TRL virtualenv
   (``benchmarks/trl_grpo.py``), one process with ``--trl-threads`` torch threads (default: the
@@ -67,9 +67,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seconds", type=float, default=None, help="training seconds per system (default 300)")
     p.add_argument("--target", type=float, default=None, help="held-out accuracy target (default 0.7; 0.5 with --quick)")
     p.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated, from {SYSTEMS}")
-    p.add_argument("--prompts", type=int, default=16, help="prompts per step")
+    p.add_argument("--prompts", type=int, default=8, help="prompts per step")
     p.add_argument("--samples", type=int, default=8, help="samples per prompt")
-    p.add_argument("--max-new-tokens", type=int, default=10)
+    p.add_argument("--max-new-tokens", type=int, default=5)
     p.add_argument("--lr", type=float, default=2e-4)
     p.add_argument("--eval-every", type=int, default=10, help="optimizer steps between evaluations")
     p.add_argument("--eval-prompts", type=int, default=0, help="0: the whole held-out set")

@@ -29,6 +29,7 @@ from servers.model_runner import ModelRunner
 from servers.request import compile_stop_regex
 from servers.sampling import BatchSampling, apply_penalties, sample
 from servers.sequence import Sequence, weight_version_spans
+from servers.shared_prefill import prefill_distinct
 
 logger = logging.getLogger(__name__)
 
@@ -346,19 +347,17 @@ class Engine:
         self._remove_rows(done)
 
     def _prefill(self, r0: int, new: list[Sequence]) -> torch.Tensor:
-        """One padded forward over the new rows; returns the hidden state of each last token."""
+        """One padded forward over the new rows' distinct feeds (``shared_prefill``); returns
+        the hidden state of each row's last token."""
         runner = self.runner
         feeds = [s.feed_tokens() for s in new]
-        t = max(len(f) for f in feeds)
-        tokens = torch.tensor([f + [0] * (t - len(f)) for f in feeds], device=runner.device)
-        starts = torch.zeros(len(new), dtype=torch.long, device=runner.device)
-        hid = runner.forward(r0, tokens, starts, _vision_rows(new), [s.lora for s in new])
+        hid, pick = prefill_distinct(runner, r0, new, feeds)
         for b, s in enumerate(new):
             s.kv_len = len(feeds[b])
             if s.return_logprob and s.input_logprobs is None and not s.output_ids:
-                self._input_logprobs(s, hid[b])
+                self._input_logprobs(s, hid[pick[b]])
         last = torch.tensor([len(f) - 1 for f in feeds], device=runner.device)
-        return hid[torch.arange(len(new), device=runner.device), last]
+        return hid[torch.tensor(pick, device=runner.device), last]
 
     def _input_logprobs(self, s: Sequence, hid: torch.Tensor) -> None:
         n = len(s.prompt)

@@ -92,6 +92,17 @@ class SlotKVCache:
             for t in store:
                 t[dst, :, :length] = t[src, :, :length]
 
+    def copy_rows(self, src: list[int], dst: list[int], length: int) -> None:
+        """Rows ``dst[i]`` take the first ``length`` positions of rows ``src[i]``; every source
+        is read before any row is written (one indexed copy per tensor)."""
+        if not dst or length <= 0:
+            return
+        s = torch.tensor(src, device=self.device)
+        d = torch.tensor(dst, device=self.device)
+        for store in (self.k, self.v):
+            for t in store:
+                t[d, :, :length] = t[s, :, :length]
+
     # ---- per-forward binding --------------------------------------------------------------
     def bind(self, r0: int, r1: int, write_pos: torch.Tensor, kv_len: int) -> None:
         """Next forward covers rows ``[r0, r1)``; token (b, t) is stored at ``write_pos[b, t]``."""

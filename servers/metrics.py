@@ -8,6 +8,7 @@ scraper asks, and the two latency histograms are filled once per finished reques
 
 from __future__ import annotations
 
+import bisect
 import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -43,7 +44,7 @@ class LatencyHistogram:
         self._lock = threading.Lock()
 
     def observe(self, v: float) -> None:
-        i = next((k for k, b in enumerate(self.bounds) if v <= b), len(self.bounds))
+        i = bisect.bisect_left(self.bounds, v)  # the first bound >= v; len(): +Inf only
         with self._lock:
             self._counts[i] += 1
             self._sum += v

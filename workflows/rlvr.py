@@ -15,7 +15,7 @@ from arealite.api.engine_api import InferenceEngine
 from arealite.api.io_struct import ModelRequest, ModelResponse
 from arealite.api.reward_model_api import RewardModelScorer
 from arealite.api.trajectory import pad_sequences_to_tensors
-from arealite.api.workflow_api import RolloutWorkflow
+from arealite.api.workflow_api import RolloutWorkflow, generate_group
 from workflows.dump import dump_samples
 from workflows.prompting import (
     check_response,
@@ -51,7 +51,8 @@ class RLVRWorkflow(RolloutWorkflow):
     Args:
         reward_fn: ``reward_fn(prompt, completion, prompt_ids, completion_ids, **row) -> float``;
             runs in the shared reward pool (or inline when marked ``@inline_reward``).
-        gconfig: sampling settings; ``n_samples`` requests of one sample each run concurrently.
+        gconfig: sampling settings; ``n_samples`` requests of one sample each, sent together
+            (``generate_group``: one batched call where the engine has one).
         tokenizer: an HF tokenizer (chat template, decode).
         reward_timeout: seconds per reward call before it fails (and is counted).
         reward_failure: what a failed reward call (raised, timed out, worker died) costs:
@@ -139,8 +140,8 @@ class RLVRWorkflow(RolloutWorkflow):
             for i in range(self.gconfig.n_samples)
         ]
         if self.reward_model is None:
-            resps: list[ModelResponse] = await asyncio.gather(
-                *(engine.agenerate(r) for r in reqs))
+            # the group in one call where the engine can (a batched /generate)
+            resps: list[ModelResponse] = await generate_group(engine, reqs)
             for req, resp in zip(reqs, resps):
                 check_response(resp, req.rid)
             completions = [self.decode(r.output_tokens) for r in resps]

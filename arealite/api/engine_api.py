@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import abc
+import asyncio
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -98,6 +99,10 @@ class InferenceEngine(abc.ABC):
     @abc.abstractmethod
     async def agenerate(self, req: ModelRequest) -> ModelResponse:
         """Generate for one request; resumes across pauses, retries on other servers."""
+
+    async def agenerate_group(self, reqs: list[ModelRequest]) -> list[ModelResponse]:
+        """``agenerate`` for each request, concurrently; an engine may send them together."""
+        return list(await asyncio.gather(*(self.agenerate(r) for r in reqs)))
 
     @abc.abstractmethod
     def update_weights(self, meta: WeightUpdateMeta) -> Future[None]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import asyncio
 from typing import Any, Protocol
 
 from arealite.api.io_struct import ModelRequest, ModelResponse
@@ -18,6 +19,16 @@ class GenerateEngine(Protocol):
     """
 
     async def agenerate(self, req: ModelRequest) -> ModelResponse: ...
+
+
+async def generate_group(engine: GenerateEngine, reqs: list[ModelRequest]) -> list[ModelResponse]:
+    """One response per request, in order: the engine's ``agenerate_group`` when it has one
+    (``RemoteSGLangEngine`` sends a GRPO group's samples in one batched call), else one
+    ``agenerate`` per request, concurrently. Each response is what ``agenerate`` would give."""
+    group = getattr(engine, "agenerate_group", None)
+    if group is not None:
+        return await group(reqs)
+    return list(await asyncio.gather(*(engine.agenerate(r) for r in reqs)))
 
 
 class RolloutWorkflow(abc.ABC):

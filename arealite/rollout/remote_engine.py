@@ -52,6 +52,7 @@ from arealite.api.trajectory import TensorDict
 from arealite.api.workflow_api import RolloutWorkflow
 from arealite.rollout.backend import GenerateProtocol, ProtocolError
 from arealite.rollout.executor import WorkflowExecutor
+from arealite.rollout.group_generate import generate_group
 from arealite.rollout.health import check_endpoints, ready_for_readmission
 from arealite.rollout.loop_thread import LoopThread
 from arealite.rollout.lora_adapters import AdapterVersions
@@ -314,6 +315,11 @@ class RemoteSGLangEngine(InferenceEngine):
             latency if ttft is None else ttft, addr, seg.scores,
         )
 
+    async def agenerate_group(self, reqs: list[ModelRequest]) -> list[ModelResponse]:
+        """A GRPO group's samples in one batched call where the protocol has one
+        (``rollout.group_generate``); each response as ``agenerate`` would give it."""
+        return await generate_group(self, reqs)
+
     def _segment_rid(self, rid: str) -> str:
         # Each segment has its own server-side rid, so a resubmission never collides with a
         # server's record of the previous one (next() is atomic: the engine is shared by threads).
@@ -451,22 +457,16 @@ class RemoteSGLangEngine(InferenceEngine):
     def submit(self, data: dict[str, Any], workflow: RolloutWorkflow) -> None:
         self.executor.submit(data, workflow)
 
-    def wait(
-        self, count: int, timeout: float | None = None,
-        should_accept: Callable[[TensorDict], bool] | None = None,
-    ) -> TensorDict:
+    def wait(self, count: int, timeout: float | None = None,
+             should_accept: Callable[[TensorDict], bool] | None = None) -> TensorDict:
         return self.executor.wait(count, timeout, should_accept)
 
-    def rollout_batch(
-        self, data: list[dict[str, Any]], workflow: RolloutWorkflow,
-        should_accept: Callable[[TensorDict], bool] | None = None,
-    ) -> TensorDict:
+    def rollout_batch(self, data: list[dict[str, Any]], workflow: RolloutWorkflow,
+                      should_accept: Callable[[TensorDict], bool] | None = None) -> TensorDict:
         return self.executor.rollout_batch(data, workflow, should_accept)
 
-    def prepare_batch(
-        self, dataloader: Any, workflow: RolloutWorkflow,
-        should_accept: Callable[[TensorDict], bool] | None = None,
-    ) -> TensorDict:
+    def prepare_batch(self, dataloader: Any, workflow: RolloutWorkflow,
+                      should_accept: Callable[[TensorDict], bool] | None = None) -> TensorDict:
         return self.executor.prepare_batch(dataloader, workflow, should_accept)
 
     def data_state(self) -> dict[str, Any]:

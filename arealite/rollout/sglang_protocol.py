@@ -157,6 +157,27 @@ def add_image_data(body: bytes, image_data: list[str]) -> bytes:
     return body[:-1] + b',"image_data":' + json.dumps(list(image_data)).encode() + b"}"
 
 
+def encode_batch_body(
+    ids_jsons: list[bytes], g: GenerationHyperparameters, max_new_tokens: int, rids: list[str]
+) -> bytes:
+    """One SGLang batch ``/generate`` body for several prompts sampled alike (a GRPO group):
+    ``input_ids`` a list of lists (each item already JSON), one ``sampling_params`` dict that
+    SGLang applies to every item, and a list of distinct ``rid``s; the answer is a list in the
+    same order (protocol 3.3-3.4). Only first segments go this way (``generated`` is 0)."""
+    return (b'{"input_ids":[' + b",".join(ids_jsons) + b'],"sampling_params":'
+            + json.dumps(sampling_params(g, max_new_tokens)).encode()
+            + b',"return_logprob":true,"logprob_start_len":-1,"stream":false,"rid":'
+            + json.dumps(rids).encode() + b"}")
+
+
+def parse_batch_response(body: Any, n: int, fallback_version: int) -> list[Segment]:
+    """A batch ``/generate`` answer (a list of ``n`` results, in request order) -> Segments."""
+    if type(body) is not list or len(body) != n:
+        got = f"a list of {len(body)}" if isinstance(body, list) else type(body).__name__
+        raise ProtocolError(f"expected a list of {n} results, got {got}")
+    return [parse_generate_response(item, fallback_version) for item in body]
+
+
 def parse_version(value: Any, fallback: int) -> int:
     """``"3"`` -> 3; ``"default"``, None or anything non-integer -> ``fallback``."""
     if type(value) is str:  # what servers send; int() ignores surrounding whitespace
@@ -275,6 +296,9 @@ class SGLangProtocol:
     encode_generate_body = staticmethod(encode_generate_body)
     parse_generate_response = staticmethod(parse_generate_response)
     add_image_data = staticmethod(add_image_data)
+    # optional members (``group_generate``): a GRPO group's first segments in one call
+    encode_batch_body = staticmethod(encode_batch_body)
+    parse_batch_response = staticmethod(parse_batch_response)
     version_info = "model_info"  # GET /model_info -> {"weight_version": "3", ...}
     continue_path = "/continue_generation"
     update_session_paths = ("/begin_weight_update", "/end_weight_update")  # 404 tolerated

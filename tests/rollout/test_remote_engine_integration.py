@@ -86,11 +86,16 @@ def make_engine(addrs, **kw) -> RemoteSGLangEngine:
     return eng
 
 
-def start_all(eng: RemoteSGLangEngine, reqs: list[ModelRequest]):
-    """Run the requests concurrently on the engine's loop; returns a concurrent future."""
+def start_all(eng: RemoteSGLangEngine, reqs: list[ModelRequest], group: int = 0):
+    """Run the requests concurrently on the engine's loop; returns a concurrent future. The
+    last ``group`` of them go as one group (``agenerate_group``: one batched call)."""
 
     async def go():
-        return await asyncio.gather(*(eng.agenerate(r) for r in reqs))
+        k = len(reqs) - group
+        singles, grouped = await asyncio.gather(
+            asyncio.gather(*(eng.agenerate(r) for r in reqs[:k])),
+            eng.agenerate_group(reqs[k:]) if group else asyncio.sleep(0, []))
+        return [*singles, *grouped]
 
     return eng.executor.run_coroutine(go())
 
@@ -225,8 +230,10 @@ def test_generation_cut_by_disk_update_switches_version_at_the_cut(pool, tiny_mo
         save_model(tiny_model_dir, new, tmp_path / "new")
         meta.write_disk_marker()  # what the trainer does once the files are complete
         n = 480  # long enough (prompt + n < 512 positions) for the pause to land mid-way
-        reqs = [request(f"cut-{mode}-{i}", n, prompt=[5, 6, 7 + i]) for i in range(6)]
-        fut = start_all(eng, reqs)
+        # the last three: a group of one prompt in one batched call (prefilled once), whose
+        # samples a pause cuts and the client resumes one by one
+        reqs = [request(f"cut-{mode}-{i}", n, prompt=[5, 6, 7 + min(i, 3)]) for i in range(6)]
+        fut = start_all(eng, reqs, group=3)
         time.sleep(0.1)
         eng.update_weights(meta).result(60)  # pause -> load -> continue, mid-generation
         out = fut.result(120)
@@ -246,6 +253,11 @@ def test_generation_cut_by_disk_update_switches_version_at_the_cut(pool, tiny_mo
         assert cut >= 1, [r.output_versions.count(new_v) for r in out]
         after = run_all(eng, [request("after", 5)])[0]
         assert after.output_versions == [new_v] * 5
+        greedy = [request(f"g{i}", 6, prompt=[9, 8, 7], greedy=True) for i in range(4)]
+        alone, together = run_all(eng, greedy[:1])[0], start_all(eng, greedy[1:], 3).result(60)
+        for r in together:  # a group in one call: what one request alone gets
+            assert r.output_tokens == alone.output_tokens and r.output_versions == [new_v] * 6
+            assert max(abs(a - b) for a, b in zip(r.output_logprobs, alone.output_logprobs)) < 1e-5
     finally:
         eng.destroy()
 
