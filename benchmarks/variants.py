@@ -87,6 +87,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--results-dir", default=str(RESULTS))
     p.add_argument("--tag", default=None, help="results file suffix (default: quick or none)")
     p.add_argument("--verbose", action="store_true", help="stream the runs' logs")
+    p.add_argument("--report-only", action="store_true",
+                   help="rebuild the tables, JSON and PNG from the last results JSON, running nothing")
     a = p.parse_args(argv)
     a.argv = list(sys.argv[1:] if argv is None else argv)
     a.seconds = a.seconds if a.seconds is not None else (20.0 if a.quick else 240.0)
@@ -159,13 +161,30 @@ def acc_at_step(s: dict[str, Any], step: int) -> float | None:
 
 
 def default_step_points(runs: dict[str, dict[str, Any]], eval_every: int) -> list[int]:
-    """0, then eval_every x 1, 2, 4, ... up to the most steps any run evaluated at."""
-    top = max((c[0] for s in runs.values() for c in s["curve"]), default=0)
+    """0, then eval_every x 1, 2, 4, ... and the last multiple of eval_every that every run
+    reached (so the last column compares them all)."""
+    common = min((s["steps"] for s in runs.values()), default=0) // eval_every * eval_every
     pts, k = [0], 1
-    while eval_every * k <= top:
+    while eval_every * k < common:
         pts.append(eval_every * k)
         k *= 2
-    return pts
+    return pts + ([common] if common else [])
+
+
+def noise_pairs(minibatches: int) -> list[tuple[str, str]]:
+    """Variants that compute the same update, so their gap is run-to-run noise: ``main`` and
+    ``reinforce_pp`` always (the same advantages); ``grpo`` and ``cispo`` with one minibatch
+    per step (the ratio to the proximal policy is 1, where PPO's and CISPO's gradients agree)."""
+    return [("main", "reinforce_pp")] + ([("grpo", "cispo")] if minibatches == 1 else [])
+
+
+def noise_gap(runs: dict[str, dict[str, Any]], points: list[int], pairs: list[tuple[str, str]]
+              ) -> float | None:
+    """The largest accuracy gap within a pair of ``pairs`` over the step points both reached."""
+    gaps = [abs(x - y) for u, v in pairs if u in runs and v in runs for p in points
+            for x, y in [(acc_at_step(runs[u], p), acc_at_step(runs[v], p))]
+            if x is not None and y is not None]
+    return max(gaps) if gaps else None
 
 
 def _f(v: float | None) -> str:
@@ -295,12 +314,84 @@ def page_section(path: Path = RESULTS / "variants.json") -> str | None:
     lines += ["", "Held-out greedy accuracy at fixed training seconds (noisy: see the load column "
               "and the note below):", "", r["seconds_table"], "",
               "Held-out greedy accuracy at fixed trainer steps (machine load does not bend these):",
-              "", r["steps_table"], "", *r["notes"]]
+              "", r["steps_table"], "", "\n\n".join(r["notes"]), "",
+              "PPO with a learned critic (GAE) is not in the table: the GRPO entry script trains no "
+              "critic (`arealite/engine/ppo/critic.py` exists; nothing drives it)."]
     return "\n".join(lines)
+
+
+def report(a: argparse.Namespace, runs: dict[str, dict[str, Any]], meta: dict[str, Any], stem: str) -> int:
+    """Print both tables and the notes; write the JSON (``meta``: when, where, how) and PNG."""
+    ok = {n: s for n, s in runs.items() if "failed" not in s}
+    failed = {n: s["failed"] for n, s in runs.items() if "failed" in s}
+    step_pts = a.step_points or default_step_points(ok, a.eval_every)
+    loads = [s["load_mean"] for s in runs.values()]
+    about = (f"{a.seconds:g} training s per variant (or {a.max_steps} steps), seed {a.seed}, "
+             f"{a.minibatches} PPO minibatch(es) per step, evaluation every {a.eval_every} steps on "
+             f"{a.eval_prompts or 'all'} held-out prompts; mean 1-minute load average over the "
+             f"runs {sum(loads) / len(loads):.1f} (max {max(s['load_max'] for s in runs.values()):.1f}) "
+             f"on {os.cpu_count()} cores.")
+    notes = [f"Failed: {', '.join(f'{n} ({why})' for n, why in failed.items())}." if failed else "",
+             "Training seconds come from a machine shared with other work: a variant that ran while "
+             "the load was higher did fewer steps in the same seconds. The step table compares the "
+             "learning per update. With one PPO minibatch per step the ratio to the proximal policy "
+             "is 1 when the loss is taken, so no clip binds: PPO, CISPO and clip-higher give the same "
+             "gradient, GSPO is GRPO with the sequence-mean aggregation and DAPO is GRPO with dynamic "
+             "sampling and the overlong penalty (`--minibatches 4` makes the clips matter)."]
+    if ok:
+        best = [s["best_acc"] for s in ok.values() if s["best_acc"] is not None]
+        start = {s["initial_acc"] for s in ok.values()}
+        notes.append(f"{len(ok)} of {len(runs)} variants ran to the end; held-out accuracy from "
+                     f"{'/'.join(_f(x) for x in sorted(start, key=lambda x: x or 0))} at step 0 to a best of "
+                     f"{_f(min(best, default=None))}-{_f(max(best, default=None))}.")
+    pairs = [pr for pr in noise_pairs(a.minibatches) if pr[0] in ok and pr[1] in ok]
+    gap = noise_gap(ok, step_pts, pairs)
+    if gap is not None:
+        last = step_pts[-1]
+        order = sorted(ok, key=lambda n: -(acc_at_step(ok[n], last) or 0.0))
+        n = getattr(a, "n_eval", None)
+        se = f" the held-out set's own sampling error ({n} prompts) is +-{1.96 * (0.25 / n) ** 0.5:.2f} " \
+             "at most (95 %);" if n else ""
+        same = ", ".join(f"`{u}` and `{v}`" for u, v in pairs)
+        notes.append(f"Run-to-run noise: {same} compute the same updates (asynchronous rollouts make "
+                     f"the batches depend on timing even with the same seed) and differ by up to "
+                     f"{gap:.2f} at the same step;{se} "
+                     f"with one seed, a gap between two variants means something only when it is wider than "
+                     f"these. At step {last}: "
+                     + ", ".join(f"{n} {_f(acc_at_step(ok[n], last))}" for n in order) + ".")
+    notes = [n for n in notes if n]
+    st, sp = seconds_table(ok, a.points, a.seconds), steps_table(ok, step_pts)
+    print(f"\n{about}\n\nheld-out accuracy at training seconds:\n\n{st}\n\n"
+          f"held-out accuracy at steps:\n\n{sp}\n")
+    for n in notes:
+        print(n)
+    out = Path(a.results_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    args = {k: v for k, v in vars(a).items() if k not in ("argv", "report_only")}
+    (out / f"{stem}.json").write_text(json.dumps(
+        {**meta, "about": about, "args": args, "runs": runs, "seconds_table": st, "steps_table": sp,
+         "notes": notes}, indent=1) + "\n")
+    if ok:
+        plot(ok, out / f"{stem}.png")
+    print(f"\nwrote {out / f'{stem}.json'}")
+    return 1 if failed else 0
 
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
+    tag = a.tag or ("quick" if a.quick else "")
+    stem = "variants" + (f"_{tag}" if tag else "")
+    if a.report_only:  # the runs' figures are in the JSON; the tables follow this code
+        path = Path(a.results_dir) / f"{stem}.json"
+        if not path.is_file():
+            raise SystemExit(f"--report-only: no {path}")
+        last = json.loads(path.read_text())
+        for k in ("seconds", "eval_every", "eval_prompts", "max_steps", "minibatches", "seed", "n_eval"):
+            setattr(a, k, last["args"].get(k))
+        if "--points" not in a.argv:
+            a.points = last["args"]["points"]
+        meta = {k: last[k] for k in ("command", "date", "machine", "wall_s", "overrides")}
+        return report(a, last["runs"], meta, stem)
     from arealite.api.config_loader import load_config
     from benchmarks.async_vs_sync import ensure_model
     from benchmarks.report import machine_info, machine_line
@@ -316,45 +407,17 @@ def main(argv: list[str] | None = None) -> int:
     n_train = sum(1 for line in (data / "train.jsonl").read_text().splitlines() if line.strip())
     prompts = a.prompts or cfg.train_dataset.batch_size
     a.max_steps = a.max_steps or cfg.total_train_epochs * (n_train // prompts)
-    tag = a.tag or ("quick" if a.quick else "")
+    n_valid = sum(1 for line in (data / "valid.jsonl").read_text().splitlines() if line.strip())
+    a.n_eval = min(a.eval_prompts or n_valid, n_valid)  # prompts per evaluation
     experiment = "bench-variants" + (f"-{tag}" if tag else "")
     base = common_overrides(a, model, data, experiment)
     t0 = time.monotonic()
     runs = {n: run_variant(n, a, model, data, experiment, base) for n in a.variants}
-    ok = {n: s for n, s in runs.items() if "failed" not in s}
-    failed = {n: s["failed"] for n, s in runs.items() if "failed" in s}
-    step_pts = a.step_points or default_step_points(ok, a.eval_every)
-    loads = [s["load_mean"] for s in runs.values()]
-    machine = machine_line(machine_info())
-    about = (f"{a.seconds:g} training s per variant (or {a.max_steps} steps), seed {a.seed}, "
-             f"{a.minibatches} PPO minibatch(es) per step, evaluation every {a.eval_every} steps on "
-             f"{a.eval_prompts or 'all'} held-out prompts; mean 1-minute load average over the "
-             f"runs {sum(loads) / len(loads):.1f} (max {max(s['load_max'] for s in runs.values()):.1f}) "
-             f"on {os.cpu_count()} cores.")
-    notes = [f"Failed: {', '.join(f'{n} ({why})' for n, why in failed.items())}." if failed else "",
-             "Training seconds come from a machine shared with other work: a variant that ran while "
-             "the load was higher did fewer steps in the same seconds. The step table compares the "
-             "learning per update; `main` and `reinforce_pp` compute the same advantages, so the gap "
-             "between their rows is the run-to-run noise (asynchronous rollouts make the batches "
-             "depend on timing even with the same seed)."]
-    notes = [n for n in notes if n]
-    st, sp = seconds_table(ok, a.points, a.seconds), steps_table(ok, step_pts)
-    print(f"\n{about}\n\nheld-out accuracy at training seconds:\n\n{st}\n\n"
-          f"held-out accuracy at steps:\n\n{sp}\n")
-    for n in notes:
-        print(n)
-    Path(a.results_dir).mkdir(parents=True, exist_ok=True)
-    stem = "variants" + (f"_{tag}" if tag else "")
-    command = " ".join(["python -m benchmarks.variants", *a.argv]).strip()
-    (Path(a.results_dir) / f"{stem}.json").write_text(json.dumps(
-        {"command": command, "date": time.strftime("%Y-%m-%d %H:%M"), "machine": machine,
-         "about": about, "wall_s": time.monotonic() - t0, "args": {k: v for k, v in vars(a).items() if k != "argv"},
-         "overrides": {n: variant_overrides(n, a.max_new_tokens) for n in a.variants},
-         "runs": runs, "seconds_table": st, "steps_table": sp, "notes": notes}, indent=1) + "\n")
-    if ok:
-        plot(ok, Path(a.results_dir) / f"{stem}.png")
-    print(f"\nwrote {Path(a.results_dir) / f'{stem}.json'}")
-    return 1 if failed else 0
+    meta = {"command": " ".join(["python -m benchmarks.variants", *a.argv]).strip(),
+            "date": time.strftime("%Y-%m-%d %H:%M"), "machine": machine_line(machine_info()),
+            "wall_s": time.monotonic() - t0,
+            "overrides": {n: variant_overrides(n, a.max_new_tokens) for n in a.variants}}
+    return report(a, runs, meta, stem)
 
 
 if __name__ == "__main__":

@@ -75,6 +75,19 @@ def test_summary_and_tables():
         vb.summarize([{"step": 0, "eval/accuracy": 0.4}])
 
 
+def test_noise_gap_is_the_widest_gap_within_a_pair_of_equal_updates():
+    def run(accs):
+        return {"curve": [(i * 10, float(i), a) for i, a in enumerate(accs)]}
+
+    runs = {"main": run([0.4, 0.5, 0.7]), "reinforce_pp": run([0.4, 0.55, 0.6]),
+            "grpo": run([0.4, 0.6]), "cispo": run([0.4, 0.45, 0.9]), "rloo": run([0.4, 0.0, 0.0])}
+    assert vb.noise_pairs(4) == [("main", "reinforce_pp")]
+    assert vb.noise_gap(runs, [0, 10, 20], vb.noise_pairs(4)) == pytest.approx(0.1)
+    # grpo has no step 20: only the steps both reached count; rloo is no pair
+    assert vb.noise_gap(runs, [0, 10, 20], vb.noise_pairs(1)) == pytest.approx(0.15)
+    assert vb.noise_gap({"rloo": runs["rloo"]}, [0, 10], vb.noise_pairs(1)) is None
+
+
 @pytest.mark.integration
 @pytest.mark.timeout(300)
 def test_two_variants_quick(tmp_path, tiny_model_dir, toy_data_dir):
@@ -102,3 +115,9 @@ def test_two_variants_quick(tmp_path, tiny_model_dir, toy_data_dir):
         assert s["steps"] == 2 and s["train_s"] > 0 and [c[0] for c in s["curve"]] == [0, 1, 2]
         assert all(0.0 <= c[2] <= 1.0 for c in s["curve"]) and s["load_mean"] >= 0
     assert (results / "variants_t.png").stat().st_size > 1000
+
+    # --report-only rebuilds the tables from the JSON, keeping when and how the runs were made
+    assert vb.main([*cmd[3:], "--report-only"]) == 0
+    again = json.loads((results / "variants_t.json").read_text())
+    assert again["runs"] == r["runs"] and again["date"] == r["date"]
+    assert again["steps_table"] == r["steps_table"]
