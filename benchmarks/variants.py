@@ -79,6 +79,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--minibatches", type=int, default=1, help="PPO minibatches per step (main job: 1)")
     p.add_argument("--prompts", type=int, default=None, help="prompts per step (default: the config's)")
     p.add_argument("--samples", type=int, default=None, help="samples per prompt (default: the config's)")
+    p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                   help="a config key for every variant, after the variant's own (repeatable)")
     p.add_argument("--seed", type=int, default=1, help="seed of the trainer, data order and servers")
     p.add_argument("--config", default=str(CONFIG), help="the GRPO config every variant starts from")
     p.add_argument("--fileroot", default=str(ROOT / "outputs"))
@@ -99,6 +101,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     bad = [v for v in a.variants if v not in VARIANTS]
     if bad or not a.variants:
         p.error(f"--variants: unknown {bad or 'empty list'}; choose from {', '.join(VARIANTS)}")
+    if any("=" not in o for o in a.override):
+        p.error("--override: KEY=VALUE")
     if a.seconds <= 0 or a.eval_every < 1 or a.minibatches < 1 or (a.max_steps is not None and a.max_steps < 1):
         p.error("--seconds > 0; --eval-every, --minibatches and --max-steps >= 1")
     try:
@@ -240,7 +244,7 @@ def run_variant(name: str, a: argparse.Namespace, model: Path, data: Path, exper
     from benchmarks.grpo_runs import fresh_run_dir, log_tail
 
     out = fresh_run_dir(Path(a.fileroot), experiment, name)
-    argv = [a.config, *base, f"trial_name={name}", *variant_overrides(name, a.max_new_tokens)]
+    argv = [a.config, *base, f"trial_name={name}", *variant_overrides(name, a.max_new_tokens), *a.override]
     load = LoadSampler()
     print(f"== {name} (load average {load.samples[0]:.1f}): arealite train {' '.join(argv)}", flush=True)
     t0 = time.monotonic()
@@ -302,10 +306,8 @@ def plot(runs: dict[str, dict[str, Any]], png: Path) -> None:
         plt.close(fig)
 
 
-def page_section(path: Path = RESULTS / "variants.json") -> str | None:
-    """The last full run's tables for ``docs/benchmarks.md`` (None when there is none)."""
-    if not path.is_file():
-        return None
+def page_section(path: Path = RESULTS / "variants.json") -> str:
+    """A saved run's tables for ``docs/benchmarks.md``."""
     r = json.loads(path.read_text())
     lines = [f"Command: `{r['command']}` (ran {r['date']}; machine: {r['machine']}). {r['about']}", "",
              "Variants (keys set on top of `configs/toy_grpo.yaml`, formulas in `docs/algorithms.md`):", ""]
@@ -327,6 +329,7 @@ def report(a: argparse.Namespace, runs: dict[str, dict[str, Any]], meta: dict[st
     step_pts = a.step_points or default_step_points(ok, a.eval_every)
     loads = [s["load_mean"] for s in runs.values()]
     about = (f"{a.seconds:g} training s per variant (or {a.max_steps} steps), seed {a.seed}, "
+             + (f"with {' '.join(a.override)}, " if getattr(a, "override", None) else "") +
              f"{a.minibatches} PPO minibatch(es) per step, evaluation every {a.eval_every} steps on "
              f"{a.eval_prompts or 'all'} held-out prompts; mean 1-minute load average over the "
              f"runs {sum(loads) / len(loads):.1f} (max {max(s['load_max'] for s in runs.values()):.1f}) "
@@ -386,7 +389,8 @@ def main(argv: list[str] | None = None) -> int:
         if not path.is_file():
             raise SystemExit(f"--report-only: no {path}")
         last = json.loads(path.read_text())
-        for k in ("seconds", "eval_every", "eval_prompts", "max_steps", "minibatches", "seed", "n_eval"):
+        for k in ("seconds", "eval_every", "eval_prompts", "max_steps", "minibatches", "seed", "n_eval",
+                  "override"):
             setattr(a, k, last["args"].get(k))
         if "--points" not in a.argv:
             a.points = last["args"]["points"]
