@@ -313,6 +313,8 @@ def page_section(path: Path = RESULTS / "variants.json") -> str:
              "Variants (keys set on top of `configs/toy_grpo.yaml`, formulas in `docs/algorithms.md`):", ""]
     lines += [f"- `{n}`: {VARIANTS[n][0] if n in VARIANTS else ''}"
               + (f" (`{' '.join(o)}`)" if o else "") for n, o in r["overrides"].items()]
+    if r["args"].get("override"):
+        lines += ["", f"Then, for every variant (`--override`, last): `{' '.join(r['args']['override'])}`."]
     lines += ["", "Held-out greedy accuracy at fixed training seconds (noisy: see the load column "
               "and the note below):", "", r["seconds_table"], "",
               "Held-out greedy accuracy at fixed trainer steps (machine load does not bend these):",

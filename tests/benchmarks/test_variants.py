@@ -22,7 +22,8 @@ def test_args_defaults_and_errors():
     assert q.variants == ["grpo", "dapo"]
     assert vb.parse_args(["--seconds", "90"]).points == [30.0, 60.0, 90.0]
     for bad in (["--variants", "grpo,ppo_gae"], ["--variants", ","], ["--seconds", "0"],
-                ["--points", "a,b"], ["--points", "0"], ["--minibatches", "0"]):
+                ["--points", "a,b"], ["--points", "0"], ["--minibatches", "0"],
+                ["--override", "actor.eps_clip"]):
         with pytest.raises(SystemExit) as e:
             vb.parse_args(bad)
         assert e.value.code == 2
