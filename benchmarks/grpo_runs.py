@@ -4,6 +4,7 @@ commands, the run's logs, and the processes under a launcher (to kill one of the
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -97,3 +98,12 @@ def is_trainer_worker(cmd: list[str]) -> bool:
 
 def is_server(cmd: list[str]) -> bool:
     return "servers.launch_server" in " ".join(cmd)
+
+
+def fresh_run_dir(fileroot: Path, experiment: str, trial: str) -> Path:
+    """``{fileroot}/{experiment}/{trial}``, emptied: metrics.jsonl is appended to, so a rerun
+    of the same trial must start clean."""
+    out = fileroot / experiment / trial
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    return out

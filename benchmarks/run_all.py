@@ -383,6 +383,12 @@ def write_page(a: argparse.Namespace, results: list[dict[str, Any]], machine: di
     vllm = page_section()
     if vllm:
         sections.append(("vLLM vs the embedded server", vllm))
+    from benchmarks.variants import page_section as variants_section
+
+    # the last full runs (benchmarks/results/variants[_TAG].json; quick runs are not kept)
+    for p in sorted((HERE / "results").glob("variants*.json")):
+        if "quick" not in p.stem:
+            sections.append((f"RL variants on the main job's task (#22): `{p.name}`", variants_section(p)))
     sections.append(("What would change on GPUs", GPU_NOTE))
     Path(a.doc).parent.mkdir(parents=True, exist_ok=True)
     Path(a.doc).write_text(render_markdown(results, machine, command, sections, date))
