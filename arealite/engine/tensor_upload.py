@@ -17,6 +17,7 @@ Rank 0 hashes what it sent (``meta.checksums``, when ``meta.verify``) and publis
 
 from __future__ import annotations
 
+import re
 import time
 
 import torch
@@ -25,7 +26,7 @@ from torch import nn
 
 from arealite.api.io_struct import WeightUpdateMeta
 from arealite.engine.weight_upload import WeightUploadError, _check_abort, _gather, param_specs
-from arealite.utils.shared_tensors import serialize_named_tensors
+from arealite.utils.shared_tensors import release_payload_refs, serialize_named_tensors
 from arealite.utils.sync_http import admin_headers, post_json
 from arealite.utils.weight_checksum import dtype_name, tensor_checksum
 
@@ -46,6 +47,18 @@ def post_tensors(addr: str, body: dict, timeout: float, headers: dict | None) ->
     if reason is None and not (isinstance(out, dict) and out.get("success")):
         reason = f"refused: {out}"
     return reason
+
+
+# Statuses a server answers before its handler reads the payload (auth, routing, body
+# validation): the payload's block references were never consumed.
+_UNREAD_STATUSES = re.compile(r"HTTP (401|403|404|405|413|422):")
+
+
+def payload_unread(reason: str) -> bool:
+    """Whether a failed call surely never unpickled its payload (so its references are ours to
+    give back). A timeout or a dropped connection may have been read: left alone, as a block
+    released twice would vanish under a later push of the same tensors."""
+    return "Connection refused" in reason or _UNREAD_STATUSES.search(reason) is not None
 
 
 def upload_by_reference(model: nn.Module, meta: WeightUpdateMeta, rank: int, world: int,
@@ -92,6 +105,8 @@ def upload_by_reference(model: nn.Module, meta: WeightUpdateMeta, rank: int, wor
             reason = post_tensors(a, body, left, headers)
             if reason is not None:
                 failed[a] = f"bucket {i + 1}/{len(buckets)}: {reason}"
+                if payload_unread(reason):
+                    release_payload_refs(named)  # else its blocks outlive it until we exit
     out: list = [failed]
     if dist.is_initialized() and world > 1:
         out = [None] * world
