@@ -100,6 +100,13 @@ class LauncherConfig(BaseConfig):
         "weight_update.type=tensor (unless disk) and n_servers=trainer_nproc "
         "(docs/weight_updates.md#co-located-mode).",
     )
+    colocate_servers: Literal["release", "recreate"] = Field(
+        "release", description="Co-located mode, what the servers do during the train phase: "
+        "release (their memory released and resumed, the processes stay) or recreate (the "
+        "local launcher stops them and starts them again for the next rollout phase, the push "
+        "giving them the newest weights; frees everything they held, at the price of a server "
+        "start-up per step; local launcher only).",
+    )
     ray: RayLauncherConfig = Field(default_factory=RayLauncherConfig,
                                    description="Placement on a Ray cluster (arealite.launcher.ray).")
 

@@ -31,6 +31,7 @@ from arealite.launcher import plan
 from arealite.launcher.plan import LaunchError, ProcSpec
 from arealite.launcher.preflight import check_modules
 from arealite.launcher.scrape_config import write_scrape_config
+from arealite.launcher.server_cycle import CYCLE_ENV, ServerCycleHost
 from arealite.launcher.supervisor import Console, ManagedProcess, stop_all
 from arealite.utils.network import find_free_port, find_free_ports
 from arealite.utils.recover import find_latest, recover_root
@@ -54,6 +55,8 @@ class LocalLauncher:
         self.servers: list[ManagedProcess] = []
         self.trainer: ManagedProcess | None = None
         self.signum: int | None = None
+        self.cycle: ServerCycleHost | None = None  # launcher.colocate_servers=recreate
+        self.servers_down = False  # stopped on the trainer's request, not failed
 
     # ------------------------------------------------------------------ planning
     def mode(self) -> str:
@@ -147,7 +150,10 @@ class LocalLauncher:
                 for p in [*self.servers, *([self.trainer] if self.trainer else [])]:
                     p.refresh_descendants()
                 last_refresh = now
-            for s in self.servers:
+            code = self._serve_cycle()
+            if code is not None:
+                return code
+            for s in [] if self.servers_down else self.servers:
                 code = s.poll()
                 if code is None or s.name in dead_servers:
                     continue
@@ -187,9 +193,46 @@ class LocalLauncher:
                     return self._fail(self.trainer, f"exited with code {code}", code)
             time.sleep(POLL_S)
 
+    def _serve_cycle(self) -> int | None:
+        """A pending stop/start request of the trainer, served (``server_cycle.py``); an exit
+        status when the servers did not come back."""
+        req = self.cycle.pending() if self.cycle is not None else None
+        if req is None:
+            return None
+        assert self.cycle is not None
+        seq, action = req
+        t0 = time.monotonic()
+        if action == "stop":
+            self.servers_down = True
+            stop_all(self.servers, self.lc.stop_grace)
+            self.cycle.answer(seq, True, f"{len(self.servers)} servers stopped in "
+                                         f"{time.monotonic() - t0:.2f} s")
+        elif action == "start" and self.servers_down:
+            self.servers = [ManagedProcess(s.spec, self.log_dir, self.console)
+                            for s in self.servers]
+            for p in self.servers:
+                p.start()
+            code = self._wait_healthy()
+            if code is not None:
+                self.cycle.answer(seq, False, "a server did not come back (see the launcher log)")
+                return code
+            self.servers_down = False
+            self.cycle.answer(seq, True, f"{len(self.servers)} servers started in "
+                                         f"{time.monotonic() - t0:.2f} s")
+        else:
+            self.cycle.answer(seq, False, f"cannot {action!r} (servers "
+                                          f"{'down' if self.servers_down else 'up'})")
+        return None
+
     def run(self) -> int:
         servers, trainer_spec = self.plan()
         mode = self.mode()
+        if (mode == "local" and trainer_spec is not None and self.lc.colocate
+                and self.lc.colocate_servers == "recreate"):
+            self.cycle = ServerCycleHost(self.cfg.run_dir("server_cycle"))
+            trainer_spec = ProcSpec(trainer_spec.name, trainer_spec.cmd,
+                                    {**trainer_spec.env, CYCLE_ENV: str(self.cycle.dir)},
+                                    trainer_spec.addr)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.say(f"mode={mode}; logs in {self.log_dir}")
         addrs_file = self.cfg.run_dir("server_addrs")

@@ -144,7 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     # DAPO dynamic sampling: groups with equal rewards are dropped, more are drawn
     keep = GroupRewardFilter() if config.actor.dynamic_sampling else None
     # launcher.colocate: servers and trainer take turns with the host's memory (sync mode)
-    phases = ColocatedPhases(rollout, actor, ref, rank) if config.launcher.colocate else None
+    phases = ColocatedPhases(
+        rollout, actor, ref, rank, recreate=config.launcher.colocate_servers == "recreate",
+        start_timeout=config.launcher.startup_timeout + 60) if config.launcher.colocate else None
     rollout.idle_stats()  # rollout/idle_ratio (no episode in flight): the first window opens here
     # timeperf/step runs from the end of the previous step (its logging and checkpoint
     # included) to this step's commit, evaluation excluded: the steps' sum is the loop's time.
