@@ -62,11 +62,5 @@ class SharedSources:
         """The current update was abandoned (refused or cut short): forget what it named."""
         self._current = set()
 
-    def clear(self) -> int:
-        """Unmap everything held; returns how many bytes were held."""
-        n = self.held_bytes()
-        self.held, self._previous, self._current = {}, set(), set()
-        return n
-
     def held_bytes(self) -> int:
         return sum(s.nbytes() for s in self.held.values())

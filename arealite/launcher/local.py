@@ -205,7 +205,7 @@ class LocalLauncher:
         if action == "stop":
             self.servers_down = True
             stop_all(self.servers, self.lc.stop_grace)
-            self.cycle.answer(seq, True, f"{len(self.servers)} servers stopped in "
+            self.cycle.answer(seq, True, f"{len(self.servers)} server(s) stopped in "
                                          f"{time.monotonic() - t0:.2f} s")
         elif action == "start" and self.servers_down:
             self.servers = [ManagedProcess(s.spec, self.log_dir, self.console)
@@ -217,7 +217,7 @@ class LocalLauncher:
                 self.cycle.answer(seq, False, "a server did not come back (see the launcher log)")
                 return code
             self.servers_down = False
-            self.cycle.answer(seq, True, f"{len(self.servers)} servers started in "
+            self.cycle.answer(seq, True, f"{len(self.servers)} server(s) started in "
                                          f"{time.monotonic() - t0:.2f} s")
         else:
             self.cycle.answer(seq, False, f"cannot {action!r} (servers "

@@ -71,7 +71,7 @@ def test_colocated_job_recreating_the_servers(tmp_path, toy_assets):
     # two steps: step 2 generates on servers started again and given step 1's weights
     text, steps = run_job(tmp_path, toy_assets, 2, "launcher.colocate_servers=recreate",
                           prompts=4)
-    assert text.count("servers stopped in") == 2 and text.count("servers started in") == 2
+    assert text.count("server(s) stopped in") == 2 and text.count("server(s) started in") == 2
     assert max(r["staleness/max"] for r in steps) == 0
     assert max(abs(r["approx_kl/avg"]) for r in steps) < 1e-6
     for name in ("stop_servers", "start_servers"):
