@@ -57,6 +57,7 @@ class LocalLauncher:
         self.signum: int | None = None
         self.cycle: ServerCycleHost | None = None  # launcher.colocate_servers=recreate
         self.servers_down = False  # stopped on the trainer's request, not failed
+        self.restarts = 0  # times the servers were started again
 
     # ------------------------------------------------------------------ planning
     def mode(self) -> str:
@@ -208,9 +209,13 @@ class LocalLauncher:
             self.cycle.answer(seq, True, f"{len(self.servers)} server(s) stopped in "
                                          f"{time.monotonic() - t0:.2f} s")
         elif action == "start" and self.servers_down:
-            self.servers = [ManagedProcess(s.spec, self.log_dir, self.console)
-                            for s in self.servers]
+            # a new seed each life: a server started again with its old --random-seed would
+            # replay the same sampling noise every rollout phase
+            self.restarts += 1
+            self.servers = [ManagedProcess(_reseeded(s.spec, self.restarts * len(self.servers)),
+                                           self.log_dir, self.console) for s in self.servers]
             for p in self.servers:
+                self.say(f"starting {p.name} again: {p.spec.shell()}")
                 p.start()
             code = self._wait_healthy()
             if code is not None:
@@ -283,6 +288,15 @@ def _with_master_port(cmd: list[str], port: int) -> list[str]:
     i = out.index("--master-port")
     out[i + 1] = str(port)
     return out
+
+
+def _reseeded(spec: ProcSpec, shift: int) -> ProcSpec:
+    """``spec`` with its ``--random-seed`` moved by ``shift`` (unchanged without one)."""
+    cmd = list(spec.cmd)
+    if "--random-seed" in cmd:
+        i = cmd.index("--random-seed") + 1
+        cmd[i] = str(int(cmd[i]) + shift)
+    return ProcSpec(spec.name, cmd, spec.env, spec.addr)
 
 
 def _health_ok(addr: str | None) -> bool:

@@ -161,6 +161,9 @@ def test_recreate_stops_and_starts_the_servers_on_the_trainers_request(tmp_path)
     out = run.text()
     assert out.count("1 server(s) stopped in") == 2 and out.count("1 server(s) started in") == 2
     assert "exited with code" not in out
+    # each life its own sampling noise: --random-seed moves by n_servers per restart
+    again = [line for line in out.splitlines() if "starting server0 again: " in line]
+    assert [line.split("--random-seed ")[1].split()[0] for line in again] == ["2", "3"]
     _assert_no_orphans(run, str(tmp_path))
 
 
