@@ -57,7 +57,6 @@ class LocalLauncher:
         self.signum: int | None = None
         self.cycle: ServerCycleHost | None = None  # launcher.colocate_servers=recreate
         self.servers_down = False  # stopped on the trainer's request, not failed
-        self.restarts = 0  # times the servers were started again
 
     # ------------------------------------------------------------------ planning
     def mode(self) -> str:
@@ -211,8 +210,7 @@ class LocalLauncher:
         elif action == "start" and self.servers_down:
             # a new seed each life: a server started again with its old --random-seed would
             # replay the same sampling noise every rollout phase
-            self.restarts += 1
-            self.servers = [ManagedProcess(_reseeded(s.spec, self.restarts * len(self.servers)),
+            self.servers = [ManagedProcess(_reseeded(s.spec, len(self.servers)),
                                            self.log_dir, self.console) for s in self.servers]
             for p in self.servers:
                 self.say(f"starting {p.name} again: {p.spec.shell()}")
