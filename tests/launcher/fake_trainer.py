@@ -4,9 +4,7 @@
 ``fail`` (print a message and exit 7), ``recover`` (without a recovery checkpoint: save one and
 exit 5; with one: exit 0; each run appends its pid and server addresses to trainer_runs.txt),
 ``recover-after:N`` (the same, crashing N seconds in), ``hang`` (start a grandchild in a session of its own, then sleep),
-``wait:N`` (sleep N seconds, exit 0), ``cycle`` (rank 0 asks the launcher to stop the servers
-and start them again twice, as ``launcher.colocate_servers=recreate`` does, and records each
-server's pid and health after each request in cycle.json).
+``wait:N`` (sleep N seconds, exit 0).
 """
 
 from __future__ import annotations
@@ -66,27 +64,6 @@ def main() -> int:
             start_new_session=True)
         (out / f"grandchild{rank}.pid").write_text(str(child.pid))
         time.sleep(600)
-        return 0
-    if mode == "cycle":
-        from arealite.launcher.server_cycle import ServerCycleClient
-
-        client, seen = ServerCycleClient.from_env(), []
-
-        def pids() -> list[int | None]:
-            got: list[int | None] = []
-            for a in addrs:
-                try:
-                    with urllib.request.urlopen(f"http://{a}/pid", timeout=2) as r:
-                        got.append(int(r.read()))
-                except OSError:
-                    got.append(None)  # nothing answers there
-            return got
-        seen.append(pids())
-        for _ in range(2):
-            for action in ("stop", "start"):
-                say(client.request(action, timeout=60))
-                seen.append(pids())
-        (out / "cycle.json").write_text(json.dumps(seen))
         return 0
     if mode.startswith("wait:"):
         time.sleep(float(mode.split(":")[1]))

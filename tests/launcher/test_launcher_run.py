@@ -145,28 +145,6 @@ def test_servers_and_two_trainer_ranks_run_to_completion(tmp_path):
     _assert_no_orphans(run, str(tmp_path))
 
 
-def test_recreate_stops_and_starts_the_servers_on_the_trainers_request(tmp_path):
-    """``launcher.colocate_servers=recreate``: each stop leaves nothing answering on the
-    servers' ports (no failure counted), each start brings new processes back on the same ones."""
-    cfg = _write_config(tmp_path, trainer_nproc=1, colocate=True, colocate_servers="recreate")
-    run = Run(tmp_path, [str(cfg)], FAKE_TRAINER_MODE="cycle")
-    try:
-        assert run.wait() == 0, run.text()
-    finally:
-        run.kill()
-    seen = json.loads((tmp_path / "cycle.json").read_text())
-    up = seen[0::2]
-    assert seen[1::2] == [[None]] * 2  # stopped
-    assert all(None not in s for s in up) and len({tuple(s) for s in up}) == 3  # new pids
-    out = run.text()
-    assert out.count("1 server(s) stopped in") == 2 and out.count("1 server(s) started in") == 2
-    assert "exited with code" not in out
-    # each life its own sampling noise: --random-seed moves by n_servers per restart
-    again = [line for line in out.splitlines() if "starting server0 again: " in line]
-    assert [line.split("--random-seed ")[1].split()[0] for line in again] == ["2", "3"]
-    _assert_no_orphans(run, str(tmp_path))
-
-
 def test_server_that_cannot_start_ends_the_run_with_its_last_lines(tmp_path):
     cfg = _write_config(tmp_path, n_servers=2)
     run = Run(tmp_path, [str(cfg)], FAKE_SERVER_MODE="crash")

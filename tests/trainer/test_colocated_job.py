@@ -72,6 +72,9 @@ def test_colocated_job_recreating_the_servers(tmp_path, toy_assets):
     text, steps = run_job(tmp_path, toy_assets, 2, "launcher.colocate_servers=recreate",
                           prompts=4)
     assert text.count("server(s) stopped in") == 2 and text.count("server(s) started in") == 2
+    # each life its own sampling noise: --random-seed moves by n_servers (1) per restart
+    again = [line for line in text.splitlines() if "starting server0 again: " in line]
+    assert [line.split("--random-seed ")[1].split()[0] for line in again] == ["2", "3"]
     assert max(r["staleness/max"] for r in steps) == 0
     assert max(abs(r["approx_kl/avg"]) for r in steps) < 1e-6
     for name in ("stop_servers", "start_servers"):
