@@ -151,6 +151,8 @@ def test_cpu_servers_leave_gpus_alone_and_need_a_model():
         plan.server_specs(GRPOConfig(), [5], environ={})
     with pytest.raises(LaunchError, match="tp_size"):
         plan.server_specs(_grpo(sglang={"tp_size": 2}, launcher={"gpus_per_server": 1}), [5])
+    with pytest.raises(LaunchError, match="colocate_servers=recreate is a co-located"):
+        plan.server_specs(_grpo(launcher={"colocate_servers": "recreate"}), [5], environ={})
 
 
 def test_trainer_only_addresses():
