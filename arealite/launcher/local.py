@@ -16,7 +16,6 @@ Also ``python -m arealite.launcher.local CONFIG [key=value ...] [--dry-run]``.
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
 import threading
@@ -31,7 +30,7 @@ from arealite.launcher import plan
 from arealite.launcher.plan import LaunchError, ProcSpec
 from arealite.launcher.preflight import check_modules
 from arealite.launcher.scrape_config import write_scrape_config
-from arealite.launcher.server_cycle import CYCLE_ENV, ServerCycleHost
+from arealite.launcher.server_cycle import CYCLE_ENV, ServerCycleHost, write_atomic
 from arealite.launcher.supervisor import Console, ManagedProcess, stop_all
 from arealite.utils.network import find_free_port, find_free_ports
 from arealite.utils.recover import find_latest, recover_root
@@ -252,7 +251,7 @@ class LocalLauncher:
                 if code is not None:
                     return code
                 line = f"{plan.ADDRS_ENV}={','.join(s.spec.addr or '' for s in self.servers)}"
-                _write_atomic(addrs_file, line + "\n")
+                write_atomic(addrs_file, line + "\n")
                 self.say(f"servers ready: {line}")
                 if mode == "server_only":
                     print(line, flush=True)
@@ -272,13 +271,6 @@ class LocalLauncher:
                 if self.trainer is not None:  # the trainer first: it may still talk to servers
                     self.trainer.stop(self.lc.stop_grace)
                 stop_all(self.servers, self.lc.stop_grace)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    """Readers (e.g. deploy/slurm/trainer.sbatch polling for this file) never see half of it."""
-    tmp = path.with_name(path.name + ".part")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def _with_master_port(cmd: list[str], port: int) -> list[str]:

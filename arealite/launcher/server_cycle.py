@@ -26,9 +26,10 @@ CYCLE_ENV = "AREAL_SERVER_CYCLE_DIR"
 ACTIONS = ("stop", "start")
 
 
-def _write_atomic(path: Path, obj: dict) -> None:
+def write_atomic(path: Path, text: str) -> None:
+    """Readers polling ``path`` never see half of it."""
     tmp = path.with_name(path.name + ".part")
-    tmp.write_text(json.dumps(obj))
+    tmp.write_text(text)
     os.replace(tmp, path)
 
 
@@ -66,7 +67,7 @@ class ServerCycleClient:
         if action not in ACTIONS:
             raise ValueError(f"action must be one of {ACTIONS}, got {action!r}")
         self.seq += 1
-        _write_atomic(self.dir / "request.json", {"seq": self.seq, "action": action})
+        write_atomic(self.dir / "request.json", json.dumps({"seq": self.seq, "action": action}))
         deadline = time.monotonic() + timeout
         while True:
             ack = _read(self.dir / "ack.json")
@@ -100,4 +101,4 @@ class ServerCycleHost:
 
     def answer(self, seq: int, ok: bool, message: str) -> None:
         self.done = seq
-        _write_atomic(self.dir / "ack.json", {"seq": seq, "ok": ok, "message": message})
+        write_atomic(self.dir / "ack.json", json.dumps({"seq": seq, "ok": ok, "message": message}))
