@@ -1,11 +1,12 @@
-"""The main job disaggregated (async, gloo broadcast: the default) and co-located
+"""The main job disaggregated (async, gloo broadcast: the default), co-located
 (``launcher.colocate=true``: sync, shared-memory pushes, servers released while the trainer
-trains), one after the other on the same SFT warm start, steps and evaluations. Prints, per
-mode: wall seconds, seconds per step, held-out accuracy at the start, middle and end, the mean
-training reward of the first and last thirds, the largest behaviour-vs-trainer logprob gap and,
-co-located, the mean time of each phase switch.
+trains) and co-located with the servers stopped and started again around every train phase
+(``launcher.colocate_servers=recreate``), one after the other on the same SFT warm start, steps
+and evaluations. Prints, per mode: wall seconds, seconds per step, held-out accuracy at the
+start, middle and end, the mean training reward of the first and last thirds, the largest
+behaviour-vs-trainer logprob gap and, co-located, the mean time of each phase switch.
 
-    python -m benchmarks.colocated_job [--quick] [--steps N]
+    python -m benchmarks.colocated_job [--quick] [--steps N] [--modes a,b,...]
 
 The assets (tiny model, toy task, SFT warm start) are reused from ``outputs/assets`` when
 ``make run`` built them, else built in a temporary folder first.
@@ -23,8 +24,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MODES = {"disaggregated": [], "colocated": ["launcher.colocate=true"]}
-SWITCHES = ("offload_actor", "release_servers", "onload_actor", "resume_servers")
+MODES = {"disaggregated": [], "colocated": ["launcher.colocate=true"],
+         "recreated": ["launcher.colocate=true", "launcher.colocate_servers=recreate"]}
 
 
 def run(fileroot: Path, trial: str, steps: int, extra: list[str]) -> tuple[float, list[dict]]:
@@ -47,16 +48,21 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="30 steps instead of 90")
     ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--modes", default=",".join(MODES), help=f"some of {','.join(MODES)}")
     a = ap.parse_args()
     steps = a.steps or (30 if a.quick else 90)
+    modes = a.modes.split(",")
+    if not set(modes) <= set(MODES):
+        raise SystemExit(f"--modes: unknown {sorted(set(modes) - set(MODES))}")
     with tempfile.TemporaryDirectory() as d:
         fileroot = Path(d)
         built = ROOT / "outputs" / "assets"
         if (built / "sft_model" / "config.json").is_file():
             (fileroot / "assets").symlink_to(built)
-        res = {m: run(fileroot, m, steps, extra) for m, extra in MODES.items()}
+        res = {m: run(fileroot, m, steps, MODES[m]) for m in modes}
     print(f"main job, {steps} steps, disaggregated (async, eta from configs/toy_grpo.yaml) vs "
-          "co-located (sync, launcher.colocate=true), same SFT warm start")
+          "co-located (sync, launcher.colocate=true; recreated: colocate_servers=recreate), "
+          "same SFT warm start")
     print(f"{'mode':>14} {'wall s':>7} {'s/step':>7} {'acc start':>10} {'acc mid':>8} "
           f"{'acc end':>8} {'reward 1st/3':>13} {'reward 3rd/3':>13} {'max |dlogp|':>12}")
     for mode, (secs, rows) in res.items():
@@ -73,10 +79,13 @@ def main() -> None:
         print(f"{mode:>14} {secs:>7.0f} {per_step:>7.2f} {acc[0]:>10.3f} "
               f"{acc[len(acc) // 2]:>8.3f} {acc[-1]:>8.3f} {early:>13.3f} {late:>13.3f} "
               f"{gap:>12.1e}")
-    st = [r for r in res["colocated"][1] if r["step"] >= 1]
-    print("co-located phase switches, mean per step: " + ", ".join(
-        f"{n} {statistics.mean(r[f'colocate/{n}_seconds'] for r in st) * 1e3:.1f} ms"
-        for n in SWITCHES))
+    for mode in [m for m in res if m != "disaggregated"]:
+        st = [r for r in res[mode][1] if r["step"] >= 1]
+        names = [k.removeprefix("colocate/").removesuffix("_seconds") for k in st[0]
+                 if k.startswith("colocate/") and k.endswith("_seconds")]
+        print(f"{mode} phase switches, mean per step: " + ", ".join(
+            f"{n} {statistics.mean(r[f'colocate/{n}_seconds'] for r in st) * 1e3:.1f} ms"
+            for n in names))
 
 
 if __name__ == "__main__":

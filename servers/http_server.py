@@ -159,6 +159,7 @@ def create_app(state: ServerState) -> FastAPI:
                 "last_gen_throughput": eng.gen_throughput(), **eng.load(), **eng.stats,
                 "paused": state.is_pause, "weight_version": eng.weight_version,
                 "memory_released": sorted(eng.memory_released),
+                "shared_weight_blocks_held_bytes": state.shared_sources.held_bytes(),
                 **embedding_route.batcher_stats(state),
             }],
             "version": VERSION,

@@ -22,6 +22,7 @@ from servers.engine import Engine
 from servers.model_runner import ModelRunner
 from servers.responses import Detokenizer
 from servers.server_args import ServerArgs
+from servers.shared_sources import SharedSources
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +80,8 @@ class ServerState:
     recv_buffers: dict[str, Any] = field(default_factory=dict)  # group_name -> BucketBuffer
     # /update_weights_from_tensor buckets of an update in progress (servers/tensor_update.py)
     staged_tensors: list[Any] = field(default_factory=list)
+    # a same-host sender's long-lived shared-memory blocks, kept mapped between pushes
+    shared_sources: SharedSources = field(default_factory=SharedSources)
     lock: ModelUpdateLock = field(default_factory=ModelUpdateLock)
     pause_cond: asyncio.Condition = field(default_factory=asyncio.Condition)
 
@@ -89,6 +92,7 @@ class ServerState:
             logger.warning("dropping %d staged tensors of an update whose last bucket (the call "
                            "with weight_version) never came: the old weights keep serving", n)
         self.staged_tensors = []
+        self.shared_sources.update_dropped()
         return n
 
     async def wait_unpaused(self) -> None:

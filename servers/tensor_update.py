@@ -14,6 +14,9 @@ bucket) applies every staged bucket plus its own in one engine-thread step, then
 version and flushes the cache. ``end_weight_update`` drops buckets still staged (an update whose
 last call never came: its sender died or gave up), so the server keeps serving its old weights,
 never a mix.
+
+A sender's long-lived shared-memory blocks stay mapped between pushes
+(``servers/shared_sources.py``): a push of the same blocks then costs about one copy.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ async def update_weights_from_tensor(obj: UpdateFromTensorReq, request: Request)
             checked = weights.check_named_tensors(st.runner.model, named)
             if staging and obj.weight_version is None:
                 st.staged_tensors.extend(checked)
+                st.shared_sources.note(checked)
                 return True, (f"Staged {len(checked)} tensors ({len(st.staged_tensors)} in all); "
                               "they are applied by the call that carries weight_version.")
             batch = (st.staged_tensors + checked) if staging else checked
@@ -67,10 +71,14 @@ async def update_weights_from_tensor(obj: UpdateFromTensorReq, request: Request)
         except Exception as e:
             if staging:
                 st.drop_staged()
+            st.shared_sources.update_dropped()
             return False, f"Failed to update weights: {e}"
         finally:
             st.engine.stats["weight_load_seconds_sum"] += time.perf_counter() - t0
-        st.staged_tensors = []  # the sources are unmapped as the last reference goes
+        st.staged_tensors = []  # sources not held below are unmapped as their last ref goes
+        st.shared_sources.note(checked)
+        if obj.weight_version is not None:
+            st.shared_sources.update_done()
         return _after_update(st, True, "Success", obj.weight_version, obj.flush_cache)
 
     async with st.update_guard():

@@ -128,6 +128,13 @@ class LauncherConfig(BaseConfig):
         "(mode local or server_only), health-checked and stopped with them; its addresses go to "
         "the `reward_model` client (set that section too). Each server gets gpus_per_server "
         "GPUs after the generation servers'. None: none started (reward_model.server_addrs).")
+    colocate_servers: Literal["release", "recreate"] = Field(
+        "release", description="Co-located mode, what the servers do during the train phase: "
+        "release (their memory released and resumed, the processes stay) or recreate (the "
+        "local launcher stops them and starts them again for the next rollout phase, the push "
+        "giving them the newest weights; frees everything they held, at the price of a server "
+        "start-up per step; local launcher only).",
+    )
     ray: RayLauncherConfig = Field(default_factory=RayLauncherConfig,
                                    description="Placement on a Ray cluster (arealite.launcher.ray).")
 

@@ -18,7 +18,6 @@ Also ``python -m arealite.launcher.local CONFIG [key=value ...] [--dry-run]``.
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
 import threading
@@ -35,6 +34,7 @@ from arealite.launcher import reward_model_servers as rm
 from arealite.launcher.plan import LaunchError, ProcSpec
 from arealite.launcher.preflight import check_modules
 from arealite.launcher.scrape_config import write_scrape_config
+from arealite.launcher.server_cycle import CYCLE_ENV, ServerCycleHost, write_atomic
 from arealite.launcher.supervisor import Console, ManagedProcess, stop_all
 from arealite.utils.network import find_free_port, find_free_ports
 from arealite.utils.recover import find_latest, recover_root
@@ -58,6 +58,8 @@ class LocalLauncher:
         self.servers: list[ManagedProcess] = []
         self.trainer: ManagedProcess | None = None
         self.signum: int | None = None
+        self.cycle: ServerCycleHost | None = None  # launcher.colocate_servers=recreate
+        self.servers_down = False  # stopped on the trainer's request, not failed
 
     # ------------------------------------------------------------------ planning
     def mode(self) -> str:
@@ -123,10 +125,11 @@ class LocalLauncher:
             self.console.line(f"{part.name}:tail", line, sys.stderr)
         return code if code not in (None, 0) else 1
 
-    def _wait_healthy(self) -> int | None:
-        """None when every server answers /health; else the exit status of the failure."""
+    def _wait_healthy(self, servers: list[ManagedProcess] | None = None) -> int | None:
+        """None when every server (of ``servers``, default all) answers /health; else the exit
+        status of the failure."""
         deadline = time.monotonic() + self.lc.startup_timeout
-        pending = list(self.servers)
+        pending = list(self.servers if servers is None else servers)
         while pending:
             self._check_signal()
             for s in list(pending):
@@ -160,7 +163,10 @@ class LocalLauncher:
                 for p in [*self.servers, *([self.trainer] if self.trainer else [])]:
                     p.refresh_descendants()
                 last_refresh = now
-            for s in self.servers:
+            code = self._serve_cycle()
+            if code is not None:
+                return code
+            for s in self._pool(rm_pool=True) if self.servers_down else self.servers:
                 code = s.poll()
                 if code is None or s.name in dead_servers:
                     continue
@@ -204,9 +210,53 @@ class LocalLauncher:
                     return self._fail(self.trainer, f"exited with code {code}", code)
             time.sleep(POLL_S)
 
+    def _serve_cycle(self) -> int | None:
+        """A pending stop/start request of the trainer, served (``server_cycle.py``); an exit
+        status when the servers did not come back."""
+        req = self.cycle.pending() if self.cycle is not None else None
+        if req is None:
+            return None
+        assert self.cycle is not None
+        seq, action = req
+        t0 = time.monotonic()
+        # the generation servers only: a reward-model pool keeps running (the trainer releases
+        # its memory instead)
+        gen = self._pool(rm_pool=False)
+        if action == "stop":
+            self.servers_down = True
+            stop_all(gen, self.lc.stop_grace)
+            self.cycle.answer(seq, True, f"{len(gen)} server(s) stopped in "
+                                         f"{time.monotonic() - t0:.2f} s")
+        elif action == "start" and self.servers_down:
+            # a new seed each life: a server started again with its old --random-seed would
+            # replay the same sampling noise every rollout phase
+            fresh = [ManagedProcess(_reseeded(s.spec, len(gen)), self.log_dir, self.console)
+                     for s in gen]
+            self.servers = [*fresh, *self._pool(rm_pool=True)]
+            for p in fresh:
+                self.say(f"starting {p.name} again: {p.spec.shell()}")
+                p.start()
+            code = self._wait_healthy(fresh)
+            if code is not None:
+                self.cycle.answer(seq, False, "a server did not come back (see the launcher log)")
+                return code
+            self.servers_down = False
+            self.cycle.answer(seq, True, f"{len(fresh)} server(s) started in "
+                                         f"{time.monotonic() - t0:.2f} s")
+        else:
+            self.cycle.answer(seq, False, f"cannot {action!r} (servers "
+                                          f"{'down' if self.servers_down else 'up'})")
+        return None
+
     def run(self) -> int:
         servers, trainer_spec = self.plan()
         mode = self.mode()
+        if (mode == "local" and trainer_spec is not None and self.lc.colocate
+                and self.lc.colocate_servers == "recreate"):
+            self.cycle = ServerCycleHost(self.cfg.run_dir("server_cycle"))
+            trainer_spec = ProcSpec(trainer_spec.name, trainer_spec.cmd,
+                                    {**trainer_spec.env, CYCLE_ENV: str(self.cycle.dir)},
+                                    trainer_spec.addr)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.say(f"mode={mode}; logs in {self.log_dir}")
         addrs_file = self.cfg.run_dir("server_addrs")
@@ -224,7 +274,7 @@ class LocalLauncher:
                     return code
                 gen = self._pool(rm_pool=False)
                 line = f"{plan.ADDRS_ENV}={','.join(s.spec.addr or '' for s in gen)}"
-                _write_atomic(addrs_file, line + "\n")
+                write_atomic(addrs_file, line + "\n")
                 self.say(f"servers ready: {line}")
                 rm_specs = [s.spec for s in self._pool(rm_pool=True)]
                 if rm_specs:
@@ -251,18 +301,20 @@ class LocalLauncher:
                 stop_all(self.servers, self.lc.stop_grace)
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    """Readers (e.g. deploy/slurm/trainer.sbatch polling for this file) never see half of it."""
-    tmp = path.with_name(path.name + ".part")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def _with_master_port(cmd: list[str], port: int) -> list[str]:
     out = list(cmd)
     i = out.index("--master-port")
     out[i + 1] = str(port)
     return out
+
+
+def _reseeded(spec: ProcSpec, shift: int) -> ProcSpec:
+    """``spec`` with its ``--random-seed`` moved by ``shift`` (unchanged without one)."""
+    cmd = list(spec.cmd)
+    if "--random-seed" in cmd:
+        i = cmd.index("--random-seed") + 1
+        cmd[i] = str(int(cmd[i]) + shift)
+    return ProcSpec(spec.name, cmd, spec.env, spec.addr)
 
 
 def _health_ok(addr: str | None) -> bool:

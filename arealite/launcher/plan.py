@@ -141,6 +141,9 @@ def server_specs(
     model_path = sg.model_path or config.actor.path
     if not model_path:
         raise LaunchError("no model to serve: set sglang.model_path or actor.path")
+    if lc.colocate_servers == "recreate" and not lc.colocate:
+        raise LaunchError("launcher.colocate_servers=recreate is a co-located mode option: set "
+                          "launcher.colocate=true")
     if lc.colocate and lc.gpus_per_server > 1:
         raise LaunchError("launcher.colocate puts server i on trainer rank i's GPU: set "
                           "launcher.gpus_per_server to 1 (or 0 on CPU)")

@@ -19,6 +19,12 @@ A reward-model pool (``reward_model``) takes the same turns: its servers' memory
 with the generation servers' after generation (every sample of the step is scored by then: the
 sync rollout returns scored episodes) and resumed with theirs; a score asked for meanwhile waits
 on the server until the resume.
+
+``launcher.colocate_servers: recreate`` replaces release and resume by stopping the server
+processes (``stop_servers``: everything they held goes back) and starting them again
+(``start_servers``), both done by the local launcher on rank 0's request
+(``arealite/launcher/server_cycle.py``); the push that follows gives the new servers the newest
+weights and version.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from collections.abc import Callable
 import torch
 
 from arealite.engine.offload import move_to
+from arealite.launcher.server_cycle import ServerCycleClient
 from arealite.utils import stats_tracker
 from arealite.utils.memory import host_available_bytes
 from arealite.utils.sync_http import admin_headers, post_json
@@ -49,10 +56,14 @@ class ColocatedPhases:
     """The switches of one trainer rank; rank 0 also drives the servers."""
 
     def __init__(self, rollout, actor, ref, rank: int, timeout: float = 120.0,
-                 reward_model=None) -> None:
+                 reward_model=None, recreate: bool = False, start_timeout: float = 300.0) -> None:
         self.rollout, self.actor, self.ref, self.rank = rollout, actor, ref, rank
         self.reward_model = reward_model  # its pool's client (RemoteRewardModelEngine) or None
-        self.timeout = timeout
+        self.timeout, self.start_timeout = timeout, start_timeout
+        # recreate: the launcher stops and starts the servers (rank 0 asks; fails fast when
+        # no launcher serves the requests)
+        self.cycle = ServerCycleClient.from_env() if recreate and rank == 0 else None
+        self.recreate = recreate
         self.device = torch.device(getattr(actor, "device", "cpu"))
         self.released = False
 
@@ -92,7 +103,19 @@ class ColocatedPhases:
                 self._servers("/release_memory_occupation", {"tags": SERVER_TAGS},
                               self.reward_model)
             self.released = True
-        self._transition("release_servers", go)
+
+        def stop() -> None:
+            self.rollout.pause()  # no new episode while the servers are gone
+            if self.cycle is not None:
+                logger.info("colocate: %s", self.cycle.request("stop", self.timeout))
+            if self.reward_model is not None:  # not recreated: released as in release mode
+                self._servers("/release_memory_occupation", {"tags": SERVER_TAGS},
+                              self.reward_model)
+            self.released = True
+        if self.recreate:
+            self._transition("stop_servers", stop)
+        else:
+            self._transition("release_servers", go)
         self._transition("onload_actor", lambda: move_to(self.actor.model, self.actor.optimizer,
                                                          self.device))
 
@@ -112,7 +135,16 @@ class ColocatedPhases:
                 self._servers("/resume_memory_occupation", {"tags": SERVER_TAGS},
                               self.reward_model)
             self.released = False
-        self._transition("resume_servers", go)
+
+        def start() -> None:  # on the model they were launched with, until the push
+            if self.cycle is not None:
+                logger.info("colocate: %s", self.cycle.request("start", self.start_timeout))
+            if self.reward_model is not None:
+                self._servers("/resume_memory_occupation", {"tags": SERVER_TAGS},
+                              self.reward_model)
+            self.released = False
+        self._transition("start_servers" if self.recreate else "resume_servers",
+                         start if self.recreate else go)
 
     def offload_actor(self) -> None:
         """Before generation: the actor's model and optimizer state to host memory."""

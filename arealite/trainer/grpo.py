@@ -146,8 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     # launcher.colocate: servers and trainer take turns with the host's memory (sync mode)
     # the reward-model pool takes turns too, unless the launcher gave it GPUs of its own
     own_gpus = config.launcher.reward_model_servers is not None and config.launcher.gpus_per_server
-    phases = (ColocatedPhases(rollout, actor, ref, rank, reward_model=None if own_gpus else rm)
-              if config.launcher.colocate else None)
+    phases = ColocatedPhases(
+        rollout, actor, ref, rank, reward_model=None if own_gpus else rm,
+        recreate=config.launcher.colocate_servers == "recreate",
+        start_timeout=config.launcher.startup_timeout + 60) if config.launcher.colocate else None
     rollout.idle_stats()  # rollout/idle_ratio (no episode in flight): the first window opens here
     # timeperf/step runs from the end of the previous step (its logging and checkpoint
     # included) to this step's commit, evaluation excluded: the steps' sum is the loop's time.

@@ -66,6 +66,19 @@ def flatten_tensors(tensors: dict[str, torch.Tensor]) -> tuple[torch.Tensor, lis
         parts.append(b)
         off += b.numel()
     return torch.cat(parts), metadata
+def release_payload_refs(named: list[tuple[str, torch.Tensor]]) -> None:
+    """Give back the references one ``serialize_named_tensors(named)`` took, for a payload its
+    receiver never unpickled (unpickling consumes them). Pickling takes one reference per
+    distinct shared block (its memo shares a block between views), so one is given back per
+    block; a block whose count stays raised is unlinked only when this process exits."""
+    seen: set[int] = set()
+    for _, t in named:
+        if t.device.type != "cpu" or not t.is_shared():
+            continue
+        s = t.untyped_storage()
+        if s.nbytes() and s.data_ptr() not in seen:
+            seen.add(s.data_ptr())
+            s._shared_decref()
 
 
 def serialize_flattened_bucket(flat: torch.Tensor, metadata: list) -> str:

@@ -151,6 +151,8 @@ def test_cpu_servers_leave_gpus_alone_and_need_a_model():
         plan.server_specs(GRPOConfig(), [5], environ={})
     with pytest.raises(LaunchError, match="tp_size"):
         plan.server_specs(_grpo(sglang={"tp_size": 2}, launcher={"gpus_per_server": 1}), [5])
+    with pytest.raises(LaunchError, match="colocate_servers=recreate is a co-located"):
+        plan.server_specs(_grpo(launcher={"colocate_servers": "recreate"}), [5], environ={})
 
 
 def test_trainer_only_addresses():
@@ -199,3 +201,16 @@ def test_auto_threads_split_the_cores():
                          cores=16) == (2, 10)
     assert thread_counts(LauncherConfig(mode="trainer_only", n_servers=4, **auto), cores=8) == (8, 8)
     assert thread_counts(LauncherConfig(n_servers=8, trainer_nproc=8, **auto), cores=2) == (1, 1)
+
+
+def test_a_server_started_again_gets_a_new_seed():
+    from arealite.launcher.local import _reseeded
+    from arealite.launcher.plan import ProcSpec
+
+    spec = ProcSpec("server1", ["python", "-m", "servers.launch_server", "--random-seed", "8",
+                                "--port", "1"], {"A": "1"}, "127.0.0.1:1")
+    again = _reseeded(spec, 2)
+    assert again.cmd[again.cmd.index("--random-seed") + 1] == "10" and spec.cmd[4] == "8"
+    assert (again.name, again.env, again.addr) == (spec.name, spec.env, spec.addr)
+    unseeded = ProcSpec("server0", ["python", "-m", "sglang.launch_server"])
+    assert _reseeded(unseeded, 3).cmd == unseeded.cmd

@@ -203,3 +203,39 @@ def test_the_trainers_push_reaches_every_server_of_its_rank_every_time(server, l
         got = checksums(server)
         assert {n: c for n, (_, c) in meta.checksums.items()} == got
         assert requests.get(f"{server}/model_info", timeout=10).json()["weight_version"] == str(version)
+
+
+def held_bytes(server: str) -> int:
+    info = requests.get(f"{server}/get_server_info", timeout=10).json()
+    return info["internal_states"][0]["shared_weight_blocks_held_bytes"]
+
+
+def test_a_senders_long_lived_blocks_stay_mapped_between_pushes(server, local_model):
+    """Blocks named by two updates in a row stay mapped (a later push of them maps nothing);
+    blocks seen once are never held; held ones go when an update stops naming them."""
+    import gc
+
+    def push(state: dict[str, torch.Tensor], version: str) -> None:
+        r = post(server, "/update_weights_from_tensor",
+                 {"serialized_named_tensors": [serialize_named_tensors(list(state.items()))],
+                  "weight_version": version})
+        assert r.status_code == 200 and r.json()["success"], r.text
+
+    state = perturbed(local_model, seed=7)
+    nbytes = sum(t.numel() * t.element_size() for t in state.values())
+    push(state, "31")
+    assert held_bytes(server) == 0  # seen once: maybe a per-push copy, so not kept alive
+    push(state, "32")
+    assert held_bytes(server) == nbytes
+    for t in state.values():  # the sender updates its blocks in place, as an optimizer does
+        t.mul_(0.5)
+    push(state, "33")  # served from the held mappings: the new values land all the same
+    assert checksums(server) == {n: tensor_checksum(t) for n, t in state.items()}
+    files = ["/dev/shm" + t.untyped_storage()._share_filename_cpu_()[1].decode()
+             for t in state.values()]
+    del state, t
+    gc.collect()
+    assert all(os.path.exists(f) for f in files)  # the server's mapping keeps them
+    push(perturbed(local_model, seed=8), "34")  # other blocks: the held ones are let go
+    assert held_bytes(server) == 0
+    assert [f for f in files if os.path.exists(f)] == []
