@@ -190,3 +190,58 @@ def test_adapter_pushed_in_memory_and_with_a_pause(tiny_model_dir):
         finally:
             client.destroy()
             actor.destroy()
+
+
+def test_two_runs_share_a_server_each_with_its_own_adapters(tiny_model_dir, tmp_path):
+    """Item 5: two runs (two clients, two trainers) on one server, each pushing its own adapter
+    versions under its own names: each run's requests get its own trainer's logprobs, never the
+    other's, and one run's staleness unloads only its own old versions."""
+    actors = {"a": lora_engine(tiny_model_dir), "b": lora_engine(tiny_model_dir)}
+    sft_step(actors["b"])  # the runs' adapters differ from the start
+    with embedded_server(str(tiny_model_dir), ["--enable-lora", "--weight-load-root",
+                                               str(tmp_path), "--random-seed", "0"]) as addr:
+        clients = {}
+        try:
+            for run in actors:
+                clients[run] = RemoteSGLangEngine(InferenceEngineConfig(
+                    setup_timeout=30, request_timeout=120, weight_update_timeout=60,
+                    max_head_offpolicyness=1, health_check_interval=0.2))
+                clients[run].initialize([addr])
+
+            def push(run: str, v: int) -> None:
+                meta = WeightUpdateMeta(type="disk", path=str(tmp_path / f"{run}{v}"), version=v,
+                                        lora_name=f"{run}-v{v}")
+                fut = clients[run].update_weights(meta)
+                actors[run].upload_weights(meta)
+                fut.result(60)
+                clients[run].set_version(v)
+
+            def sample(run: str, n: int):
+                c = clients[run]
+                return c.executor.run_coroutine(c.agenerate(request(n))).result(60)
+
+            push("a", 1)
+            push("b", 1)
+            for run, other in (("a", "b"), ("b", "a")):
+                r = sample(run, 16)
+                assert r.output_versions == [1] * 16
+                got = torch.tensor(r.output_logprobs)
+                assert float((got - logprobs(actors[run], r.output_tokens)).abs().max()) < 1e-5
+                assert float((got - logprobs(actors[other], r.output_tokens)).abs().max()) > 1e-4
+            # run a moves on to v3 (bound 1): its v1 goes, run b's v1 stays and still serves b
+            for v in (2, 3):
+                sft_step(actors["a"])
+                push("a", v)
+            loaded = {name: requests.post(f"http://{addr}/generate", timeout=30, json={
+                "input_ids": PROMPT, "lora_path": name, "sampling_params": {"max_new_tokens": 1},
+            }).status_code for name in ("a-v1", "a-v3", "b-v1")}
+            assert loaded == {"a-v1": 400, "a-v3": 200, "b-v1": 200}, loaded
+            r = sample("b", 8)
+            got = torch.tensor(r.output_logprobs)
+            assert r.output_versions == [1] * 8
+            assert float((got - logprobs(actors["b"], r.output_tokens)).abs().max()) < 1e-5
+        finally:
+            for c in clients.values():
+                c.destroy()
+            for a in actors.values():
+                a.destroy()
