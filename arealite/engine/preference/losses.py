@@ -35,6 +35,15 @@ def dpo_loss(
     return losses, beta * lr_c.detach(), beta * lr_r.detach()
 
 
+def chosen_nll(logp_chosen: torch.Tensor, n_tok_chosen: torch.Tensor) -> torch.Tensor:
+    """Token-mean negative log-likelihood of the chosen completions over the batch,
+    ``-Σ logp_c / Σ n_tok_c``: the term RPO / iterative RPO (Pang et al. 2024) add to DPO so
+    the chosen answers' likelihood does not fall while the margin grows (plain DPO lowers
+    both, and with it the greedy accuracy of a task whose wrong answers share tokens with the
+    right ones). A scalar."""
+    return -logp_chosen.sum() / n_tok_chosen.sum().clamp_min(1)
+
+
 def kto_loss(
     logp: torch.Tensor, ref: torch.Tensor, desirable: torch.Tensor, kl_ref_point: float,
     beta: float, desirable_weight: float = 1.0, undesirable_weight: float = 1.0,
