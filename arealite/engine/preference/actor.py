@@ -106,7 +106,9 @@ class PreferenceActor:
         ref, _ = sequence_logps(self.ref, data)
         logp, _ = sequence_logps(self.engine, data)
         z0 = kto_reference_point(sequence_logps(self.engine, mismatched)[0],
-                                 sequence_logps(self.ref, mismatched)[0])
+                                 sequence_logps(self.ref, mismatched)[0],
+                                 getattr(self.engine, "dp_group", None),
+                                 getattr(self.engine, "device", None))
         good = data["desirable"].bool()
 
         def batch_loss(x: torch.Tensor) -> torch.Tensor:

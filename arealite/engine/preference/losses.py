@@ -9,7 +9,10 @@ them for the batch loss) and the implicit rewards ``beta * (logp - ref)``.
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
+
+from arealite.utils.distributed import all_reduce
 
 
 def dpo_loss(
@@ -59,10 +62,18 @@ def kto_loss(
     return losses, beta * r.detach()
 
 
-def kto_reference_point(logp_mismatched: torch.Tensor, ref_mismatched: torch.Tensor) -> float:
+def kto_reference_point(logp_mismatched: torch.Tensor, ref_mismatched: torch.Tensor,
+                        group: dist.ProcessGroup | None = None,
+                        device: torch.device | str | None = None) -> float:
     """KTO's ``z0``: the batch mean of ``logp - ref`` on mismatched (prompt, another row's
-    completion) pairs, clamped at 0; a constant (no gradient)."""
-    return max(float((logp_mismatched - ref_mismatched).mean()), 0.0)
+    completion) pairs, clamped at 0; a constant (no gradient). With ``group``, the mean is
+    over every rank's rows (as TRL gathers it), so all ranks share one ``z0``; ``device``:
+    where the all-reduce runs (the engine's, for nccl)."""
+    d = (logp_mismatched - ref_mismatched).double()
+    t = torch.tensor([float(d.sum()), float(d.numel())], dtype=torch.float64,
+                     device=device or d.device)
+    all_reduce(t, group=group)
+    return max(float(t[0] / t[1].clamp_min(1)), 0.0)
 
 
 def bradley_terry_loss(
