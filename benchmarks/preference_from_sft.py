@@ -18,7 +18,9 @@
    decoding, over the 200 held-out problems) of the SFT model and of each trained model, loaded
    into the same server from disk.
 
-Prints the sampled set's sizes and the three accuracies.
+Prints the sampled set's sizes and the three accuracies; a full run (no ``--quick``) also writes
+``benchmarks/results/preference_from_sft.json``, which ``page_section`` renders into
+docs/benchmarks.md (``benchmarks.run_all``).
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 MAX_NEW_TOKENS = 10  # as configs/toy_grpo.yaml
+ROOT = Path(__file__).resolve().parents[1]
+RESULT = ROOT / "benchmarks" / "results" / "preference_from_sft.json"
 
 
 def ensure_assets(fileroot: Path) -> Path:
@@ -117,8 +121,7 @@ def train(loss_type: str, sft_model: Path, data: Path, out: Path, steps: int, ba
             "total_train_epochs=100", f"total_train_steps={steps}",
             f"evaluator.freq_steps={steps}", "stats_logger.tensorboard=false",
             f"output_dir={out / loss_type / 'model'}", *(extra or [])]
-    root = Path(__file__).parents[1]
-    if dpo.main([str(root / args[0]), *args[1:]]) != 0:
+    if dpo.main([str(ROOT / args[0]), *args[1:]]) != 0:
         raise RuntimeError(f"{loss_type} training failed")
     return out / loss_type / "model"
 
@@ -196,15 +199,36 @@ def main(argv: list[str] | None = None) -> int:
     fileroot = Path(args.fileroot)
     out = Path(args.out or fileroot / "preference_from_sft")
     f = run(fileroot, out, seed=args.seed, **settings)
-    print("settings: " + ", ".join(f"{k}={v}" for k, v in settings.items()) + f", seed={args.seed}")
-    print(f"sampled from the SFT model: {f['pairs']} DPO pairs, {f['kto_rows']} KTO rows "
-          f"({f['kto_desirable']} desirable)")
-    acc = f["accuracy"]
-    print("held-out greedy accuracy (200 problems): " + ", ".join(
-        f"{k} {v:.3f}" + ("" if k == "sft" else f" ({v - acc['sft']:+.3f})")
-        for k, v in acc.items()))
-    print("seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in f["seconds"].items()))
+    f["settings"] = {**settings, "seed": args.seed}
+    print(report(f))
+    if not args.quick:
+        RESULT.parent.mkdir(parents=True, exist_ok=True)
+        RESULT.write_text(json.dumps(f, indent=1) + "\n")
     return 0
+
+
+def report(f: dict[str, Any]) -> str:
+    """The printed figures (and docs/benchmarks.md's text)."""
+    acc = f["accuracy"]
+    return "\n".join([
+        "settings: " + ", ".join(f"{k}={v}" for k, v in f["settings"].items()),
+        f"sampled from the SFT model: {f['pairs']} DPO pairs, {f['kto_rows']} KTO rows "
+        f"({f['kto_desirable']} desirable)",
+        "held-out greedy accuracy (200 problems): " + ", ".join(
+            f"{k} {v:.3f}" + ("" if k == "sft" else f" ({v - acc['sft']:+.3f})")
+            for k, v in acc.items()),
+        "seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in f["seconds"].items())])
+
+
+def page_section() -> str | None:
+    """docs/benchmarks.md's section (``benchmarks.run_all``): the last full run; None before
+    one."""
+    if not RESULT.is_file():
+        return None
+    f = json.loads(RESULT.read_text())
+    return (f"`python -m benchmarks.preference_from_sft` (`{RESULT.relative_to(ROOT)}`; "
+            "`sigmoid` is DPO with `sft_weight`, `kto` KTO; what the figures mean and why DPO "
+            "needs the NLL term: docs/algorithms.md):\n\n```\n" + report(f) + "\n```")
 
 
 FULL = dict(prompts=1024, samples=4, steps=40, batch_size=32, lr=1e-4, beta=0.1, sft_weight=1.0)

@@ -383,6 +383,11 @@ def write_page(a: argparse.Namespace, results: list[dict[str, Any]], machine: di
     vllm = page_section()
     if vllm:
         sections.append(("vLLM vs the embedded server", vllm))
+    from benchmarks.preference_from_sft import page_section as preference_section
+
+    pref = preference_section()
+    if pref:
+        sections.append(("DPO and KTO from the SFT start, last full run", pref))
     sections.append(("What would change on GPUs", GPU_NOTE))
     Path(a.doc).parent.mkdir(parents=True, exist_ok=True)
     Path(a.doc).write_text(render_markdown(results, machine, command, sections, date))
