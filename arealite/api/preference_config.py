@@ -23,6 +23,9 @@ class DPOConfig(BaseExperimentConfig):
     loss_type: Literal["sigmoid", "ipo", "kto"] = Field(
         "sigmoid", description="DPO (sigmoid), IPO or KTO; formulas in docs/algorithms.md.")
     beta: float = Field(0.1, gt=0, description="Strength of the pull towards the reference.")
+    sft_weight: float = Field(
+        0.0, ge=0, description="DPO/IPO: weight of the chosen answers' token-mean NLL added to "
+        "the loss (RPO); 0 is plain DPO.")
     desirable_weight: float = Field(1.0, gt=0, description="KTO weight of desirable rows.")
     undesirable_weight: float = Field(1.0, gt=0, description="KTO weight of undesirable rows.")
     prompt_key: str = Field("prompt", description="Row field holding the prompt.")

@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     ref = FSDPEngine(config.model.model_copy(update={"optimizer": None}), config.device,
                      config.dist_backend, config.seed)
     ref.initialize(None, ft)
-    actor = PreferenceActor(engine, ref, config.beta)
+    actor = PreferenceActor(engine, ref, config.beta, config.sft_weight)
     out_dir = config.output_dir or str(config.run_dir("model"))
     logger = StatsLogger(config.stats_logger, config.run_dir("logs"), total_steps=total)
     eval_ctl = FreqController.from_config(config.evaluator)

@@ -23,7 +23,7 @@ import torch
 from arealite.api.engine_api import TrainEngine
 from arealite.api.trajectory import TensorDict
 from arealite.engine.ppo.policy_losses import packed_seq_ids
-from arealite.engine.preference.losses import dpo_loss, kto_loss, kto_reference_point
+from arealite.engine.preference.losses import chosen_nll, dpo_loss, kto_loss, kto_reference_point
 from arealite.utils.functional import gather_logprobs
 
 
@@ -69,10 +69,12 @@ def surrogate_update(engine: TrainEngine, data: TensorDict, values: torch.Tensor
 
 
 class PreferenceActor:
-    """``engine`` is trained; ``ref`` is the frozen reference (an engine without optimizer)."""
+    """``engine`` is trained; ``ref`` is the frozen reference (an engine without optimizer).
+    ``sft_weight`` > 0 adds that times the chosen completions' token-mean NLL to DPO / IPO."""
 
-    def __init__(self, engine: TrainEngine, ref: TrainEngine, beta: float = 0.1):
-        self.engine, self.ref, self.beta = engine, ref, beta
+    def __init__(self, engine: TrainEngine, ref: TrainEngine, beta: float = 0.1,
+                 sft_weight: float = 0.0):
+        self.engine, self.ref, self.beta, self.sft_weight = engine, ref, beta, sft_weight
 
     def _update(self, data: TensorDict, logp: torch.Tensor,
                 batch_loss: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, float]:
@@ -87,13 +89,16 @@ class PreferenceActor:
         def batch_loss(x: torch.Tensor) -> torch.Tensor:
             losses, _, _ = dpo_loss(x[0::2], x[1::2], ref[0::2], ref[1::2], self.beta,
                                     loss_type, n_tok[0::2], n_tok[1::2])
+            if self.sft_weight:
+                return losses.mean() + self.sft_weight * chosen_nll(x[0::2], n_tok[0::2])
             return losses.mean()
 
         rc = self.beta * (logp[0::2] - ref[0::2])
         rr = self.beta * (logp[1::2] - ref[1::2])
         stats = {"rewards/chosen": float(rc.mean()), "rewards/rejected": float(rr.mean()),
                  "rewards/margin": float((rc - rr).mean()),
-                 "rewards/accuracy": float((rc > rr).double().mean())}
+                 "rewards/accuracy": float((rc > rr).double().mean()),
+                 "chosen_nll": float(chosen_nll(logp[0::2], n_tok[0::2]))}
         return logp, batch_loss, stats
 
     def _kto(self, data: TensorDict, mismatched: TensorDict, desirable_weight: float,
@@ -101,7 +106,9 @@ class PreferenceActor:
         ref, _ = sequence_logps(self.ref, data)
         logp, _ = sequence_logps(self.engine, data)
         z0 = kto_reference_point(sequence_logps(self.engine, mismatched)[0],
-                                 sequence_logps(self.ref, mismatched)[0])
+                                 sequence_logps(self.ref, mismatched)[0],
+                                 getattr(self.engine, "dp_group", None),
+                                 getattr(self.engine, "device", None))
         good = data["desirable"].bool()
 
         def batch_loss(x: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,10 @@ them for the batch loss) and the implicit rewards ``beta * (logp - ref)``.
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
+
+from arealite.utils.distributed import all_reduce
 
 
 def dpo_loss(
@@ -35,6 +38,15 @@ def dpo_loss(
     return losses, beta * lr_c.detach(), beta * lr_r.detach()
 
 
+def chosen_nll(logp_chosen: torch.Tensor, n_tok_chosen: torch.Tensor) -> torch.Tensor:
+    """Token-mean negative log-likelihood of the chosen completions over the batch,
+    ``-Σ logp_c / Σ n_tok_c``: the term RPO / iterative RPO (Pang et al. 2024) add to DPO so
+    the chosen answers' likelihood does not fall while the margin grows (plain DPO lowers
+    both, and with it the greedy accuracy of a task whose wrong answers share tokens with the
+    right ones). A scalar."""
+    return -logp_chosen.sum() / n_tok_chosen.sum().clamp_min(1)
+
+
 def kto_loss(
     logp: torch.Tensor, ref: torch.Tensor, desirable: torch.Tensor, kl_ref_point: float,
     beta: float, desirable_weight: float = 1.0, undesirable_weight: float = 1.0,
@@ -50,10 +62,18 @@ def kto_loss(
     return losses, beta * r.detach()
 
 
-def kto_reference_point(logp_mismatched: torch.Tensor, ref_mismatched: torch.Tensor) -> float:
+def kto_reference_point(logp_mismatched: torch.Tensor, ref_mismatched: torch.Tensor,
+                        group: dist.ProcessGroup | None = None,
+                        device: torch.device | str | None = None) -> float:
     """KTO's ``z0``: the batch mean of ``logp - ref`` on mismatched (prompt, another row's
-    completion) pairs, clamped at 0; a constant (no gradient)."""
-    return max(float((logp_mismatched - ref_mismatched).mean()), 0.0)
+    completion) pairs, clamped at 0; a constant (no gradient). With ``group``, the mean is
+    over every rank's rows (as TRL gathers it), so all ranks share one ``z0``; ``device``:
+    where the all-reduce runs (the engine's, for nccl)."""
+    d = (logp_mismatched - ref_mismatched).double()
+    t = torch.tensor([float(d.sum()), float(d.numel())], dtype=torch.float64,
+                     device=device or d.device)
+    all_reduce(t, group=group)
+    return max(float(t[0] / t[1].clamp_min(1)), 0.0)
 
 
 def bradley_terry_loss(

@@ -76,3 +76,33 @@ def test_dpo_equals_areal(areal, loss_type):  # noqa: F811
         logits = (pc - rc) / nc - (pr - rr) / nr
     want = areal.dpo_preference_loss(logits, beta=beta, loss_type=loss_type)
     assert torch.allclose(got.float(), want, rtol=1e-6, atol=1e-6)
+
+
+def test_kto_reference_point_is_one_mean_over_all_ranks(tmp_path):
+    """Two gloo ranks with different rows (one negative mean log-ratio, one positive) share
+    one z0: the mean over both ranks' rows, clamped at 0 (as TRL gathers it)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from arealite.utils.network import find_free_port
+    from tests.engine.preference.kto_z0_peer import rows
+    from tests.procs import log_tail, spawn
+
+    script = Path(__file__).with_name("kto_z0_peer.py")
+    port = find_free_port()
+    outs = [tmp_path / f"rank{r}.json" for r in range(2)]
+    with spawn([sys.executable, str(script), str(port), "0", "2", str(outs[0])]) as (p0, l0), \
+         spawn([sys.executable, str(script), str(port), "1", "2", str(outs[1])]) as (p1, l1):
+        for p, log in ((p0, l0), (p1, l1)):
+            try:
+                rc = p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                rc = None
+            assert rc == 0, log_tail(log)
+    z = [json.loads(o.read_text()) for o in outs]
+    (a, ra), (b, rb) = rows(0), rows(1)
+    pooled = torch.cat([a - ra, b - rb])
+    assert z[0] == z[1] == pytest.approx(max(float(pooled.mean()), 0.0), abs=1e-12)
+    assert L.kto_reference_point(a, ra) == 0.0 < z[0]  # rank 0 alone would clamp to 0
