@@ -50,28 +50,47 @@ class GroupRewardFilter:
 
 
 def rollout_full_batch(
-    rollout_batch: Callable[[list[Any]], TensorDict],
+    rollout_batch: Callable[[list[Any], Callable[[TensorDict], bool]], TensorDict],
     next_rows: Callable[[], list[Any]],
     keep: GroupRewardFilter,
     n_groups: int,
     group_size: int,
     max_draws: int = 16,
 ) -> TensorDict:
-    """Synchronous dynamic sampling: run ``rollout_batch(next_rows())`` until ``n_groups``
-    groups of ``group_size`` consecutive rows pass ``keep``; returns exactly ``n_groups``
-    groups. Raises after ``max_draws`` draws, naming how many passed (a task the policy always
-    or never solves would otherwise loop forever)."""
-    kept: list[TensorDict] = []
+    """Synchronous dynamic sampling: run ``rollout_batch(rows, accept)`` on rows from
+    ``next_rows()`` until ``n_groups`` episodes (one group of ``group_size`` rows each) pass
+    ``keep``; returns exactly ``n_groups`` groups. ``accept`` goes to the executor as
+    ``should_accept``, so a group it turns down gives back its place in the staleness budget,
+    and each draw asks only for the groups still missing: counted as accepted, or drawn a whole
+    batch at a time, the extra draws used up the versions ahead and a draw waited for a version
+    that never came. Rows drawn from ``next_rows()`` beyond the last draw are not used. Raises after ``max_draws`` draws,
+    naming how many passed (a task the policy always or never solves would otherwise loop)."""
+    taken = 0
+
+    def accept(traj: TensorDict) -> bool:
+        nonlocal taken
+        if taken >= n_groups or not keep(traj):  # a surplus group is not counted as dropped
+            return False
+        taken += 1
+        return True
+
+    parts: list[TensorDict] = []
+    rows: list[Any] = []
     for _ in range(max_draws):
-        batch = rollout_batch(next_rows())
-        rows = batch["rewards"].shape[0]
-        if rows % group_size:
-            raise ValueError(f"rollout of {rows} rows is not whole groups of {group_size}")
-        for s in range(0, rows, group_size):
-            group = {k: v[s : s + group_size] for k, v in batch.items()}
-            if keep(group):
-                kept.append(group)
-        if len(kept) >= n_groups:
-            return concat_padded_tensors(kept[:n_groups])
-    raise RuntimeError(f"dynamic sampling: {len(kept)}/{n_groups} groups with differing rewards "
+        # a draw is as large as what is missing: that is exactly the staleness budget left
+        # (B per version, minus the groups kept), so no episode of it waits for a version
+        while len(rows) < n_groups - taken:
+            rows += next_rows()
+        draw, rows = rows[:n_groups - taken], rows[n_groups - taken:]
+        batch = rollout_batch(draw, accept)
+        if batch:  # empty when every episode of the draw was turned down
+            parts.append(batch)
+        if taken >= n_groups:
+            out = concat_padded_tensors(parts)
+            rows = out["rewards"].shape[0]
+            if rows != n_groups * group_size:
+                raise ValueError(f"dynamic sampling: {rows} rows for {n_groups} groups of "
+                                 f"{group_size}; each episode must return one whole group")
+            return out
+    raise RuntimeError(f"dynamic sampling: {taken}/{n_groups} groups with differing rewards "
                        f"after {max_draws} draws; the task is all-solved or all-failed")

@@ -310,6 +310,8 @@ class WorkflowExecutor(ExecutorDataState):
             with self._cond:
                 self._group_done.pop(group, None)
         if not out:
+            if should_accept is not None:  # every episode turned down: the caller draws again
+                return {}
             raise RuntimeError(f"rollout_batch: no episode was accepted. {self._describe()}")
         return concat_padded_tensors([r.traj for r in out])
 

@@ -162,10 +162,10 @@ def main(argv: list[str] | None = None) -> int:
             if config.async_training:
                 batch = rollout.prepare_batch(loader, workflow, should_accept=keep)
             elif keep is not None:
-                batch = rollout_full_batch(lambda rows: rollout.rollout_batch(rows, workflow),
-                                           lambda: cycle.next_rows(loader), keep,
-                                           config.rollout.consumer_batch_size,
-                                           config.actor.group_size)
+                batch = rollout_full_batch(
+                    lambda rows, accept: rollout.rollout_batch(rows, workflow, accept),
+                    lambda: cycle.next_rows(loader), keep,
+                    config.rollout.consumer_batch_size, config.actor.group_size)
             else:
                 batch = rollout.rollout_batch(cycle.next_rows(loader), workflow)
         if phases is not None:  # ... and back to the trainer

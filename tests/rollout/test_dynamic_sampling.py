@@ -59,26 +59,47 @@ def test_prepare_batch_with_the_filter_returns_full_batches_of_varied_groups(exe
 
 
 def test_rollout_full_batch_draws_until_full_and_trims():
+    from arealite.api.trajectory import concat_padded_tensors
+
     ids = iter(range(100))
     calls = []
 
-    def rollout(rows):
+    def rollout(rows, accept):  # as the executor: should_accept on each episode, in order
         calls.append(rows)
-        groups = [_group(r, varied=r % 3 == 0) for r in rows]
-        from arealite.api.trajectory import concat_padded_tensors
-        return concat_padded_tensors(groups)
+        groups = [g for g in (_group(r, varied=r % 3 == 0) for r in rows) if accept(g)]
+        return concat_padded_tensors(groups) if groups else {}
 
     keep = GroupRewardFilter()
     batch = rollout_full_batch(rollout, lambda: [next(ids) for _ in range(4)], keep, 3, G)
     assert batch["rewards"].shape[0] == 3 * G
     assert batch["input_ids"][::G, 0].tolist() == [0, 3, 6]
-    assert len(calls) == 2  # 0..3 gives two varied groups, 4..7 the third
-    assert keep.stats()["dynamic_sampling/dropped_groups"] == 5.0
+    # each draw asks for the groups still missing: 0..2 keeps 0, 3..4 keeps 3, 5 none, 6 the last
+    assert calls == [[0, 1, 2], [3, 4], [5], [6]]
+    assert keep.stats()["dynamic_sampling/dropped_groups"] == 4.0  # 1, 2, 4, 5
 
 
 def test_rollout_full_batch_gives_up_with_a_clear_error():
-    def rollout(rows):
-        return _group(rows[0], varied=False)
+    def rollout(rows, accept):
+        g = _group(rows[0], varied=False)
+        return g if accept(g) else {}
 
     with pytest.raises(RuntimeError, match="0/2 groups with differing rewards after 3 draws"):
         rollout_full_batch(rollout, lambda: [0], GroupRewardFilter(), 2, G, max_draws=3)
+
+
+def test_sync_dynamic_sampling_keeps_the_staleness_budget(executors):  # noqa: F811
+    """Groups turned down in a synchronous draw give back their place in the staleness budget:
+    with half the groups dropped, each step draws twice and step after step still runs (counted
+    as accepted, the drops used up the versions ahead and a later draw waited for a version
+    that never came: a real sync GRPO run hung at step 3)."""
+    ex = executors(b=2, eta=0, m=8)
+    ids = iter(range(1000))
+    keep = GroupRewardFilter()
+    for step in range(6):
+        batch = rollout_full_batch(
+            lambda rows, accept: ex.rollout_batch(rows, GroupWorkflow(), accept, timeout=20),
+            lambda: [{"id": next(ids)} for _ in range(2)], keep, 2, G)
+        assert batch["rewards"].shape[0] == 2 * G
+        assert (batch["input_ids"][::G, 0] % 2 == 1).all()  # odd ids: the varied groups
+        ex.set_version(step + 1)
+    assert keep.stats()["dynamic_sampling/dropped_groups"] >= 6

@@ -11,7 +11,7 @@ The full-length run, whose reward rises like the disaggregated one, is
 
 With ``launcher.colocate_servers=recreate`` the launcher stops the servers for each train
 phase and starts them again; the push then restores the newest weights exactly, while the
-reward-model pool keeps running, released and resumed."""
+synchronous draws of DAPO's dynamic sampling keep the batch full."""
 
 from __future__ import annotations
 
@@ -27,20 +27,24 @@ STEPS = 6
 TRANSITIONS = ("offload_actor", "release_servers", "onload_actor", "resume_servers")
 
 
-def run_job(tmp_path, toy_assets, steps: int, *extra: str, prompts: int = 16
-            ) -> tuple[str, list[dict]]:
-    """The co-located main job's log and its per-step metrics rows; a reward-model pool (the
-    launcher's) beside the servers scores every sample and takes the same turns."""
+def run_job(tmp_path, toy_assets, steps: int, *extra: str, prompts: int = 16,
+            reward_model: bool = True) -> tuple[str, list[dict]]:
+    """The co-located main job's log and its per-step metrics rows; with ``reward_model`` a
+    reward-model pool (the launcher's) beside the servers scores every sample and takes the
+    same turns."""
     from arealite.models.reward_model import reward_model_from_causal_lm
 
     (tmp_path / "assets").symlink_to(toy_assets)  # the session's SFT warm start, built once
-    rm = reward_model_from_causal_lm(toy_assets / "sft_model", tmp_path / "rm")
+    rm_args = []
+    if reward_model:
+        rm = reward_model_from_causal_lm(toy_assets / "sft_model", tmp_path / "rm")
+        rm_args = [f"launcher.reward_model_servers.model_path={rm}",
+                   "launcher.reward_model_servers.dtype=float32", "reward_model={}",
+                   "workflow.kwargs.reward_model_combine={mode: sum, model_weight: 0.1}"]
     cmd = [sys.executable, "-m", "arealite.cli.main", "main-job", f"cluster.fileroot={tmp_path}",
            f"total_train_steps={steps}", f"evaluator.freq_steps={steps}", "trial_name=colo",
            f"evaluator.max_prompts={prompts}",  # CI time: the held-out set is not what is tested here
-           "launcher.colocate=true", f"launcher.reward_model_servers.model_path={rm}",
-           "launcher.reward_model_servers.dtype=float32", "reward_model={}",
-           "workflow.kwargs.reward_model_combine={mode: sum, model_weight: 0.1}", *extra]
+           "launcher.colocate=true", *rm_args, *extra]
     with spawn(cmd) as (proc, log):
         t0 = time.monotonic()
         while proc.poll() is None and time.monotonic() - t0 < 300:
@@ -78,16 +82,19 @@ def test_short_colocated_main_job(tmp_path, toy_assets):
 def test_colocated_job_recreating_the_servers(tmp_path, toy_assets):
     """Servers stopped for every train phase and started again: each push lands exactly on
     a fresh server (the agreement holds at every step, on the server's logprobs)."""
-    # two steps: step 2 generates on servers started again and given step 1's weights
-    text, steps = run_job(tmp_path, toy_assets, 2, "launcher.colocate_servers=recreate",
-                          prompts=4)
-    assert text.count("server(s) stopped in") == 2 and text.count("server(s) started in") == 2
+    # steps 2 and 3 generate on servers started again and given the last step's weights
+    # DAPO dynamic sampling in a real synchronous run (without the reward model, whose score
+    # makes every group's rewards differ): groups with equal rewards are dropped and the batch
+    # is still full; each draw asks only for the missing groups, so no draw waits on the
+    # staleness budget (drawing whole batches, a run hung at step 3)
+    text, steps = run_job(tmp_path, toy_assets, 3, "launcher.colocate_servers=recreate",
+                          "actor.dynamic_sampling=true", prompts=4, reward_model=False)
+    assert text.count("server(s) stopped in") == 3 and text.count("server(s) started in") == 3
     # each life its own sampling noise: --random-seed moves by n_servers (1) per restart
     again = [line for line in text.splitlines() if "starting server0 again: " in line]
-    assert [line.split("--random-seed ")[1].split()[0] for line in again] == ["2", "3"]
-    assert "rm_server0 again" not in text  # the reward-model pool is not recreated: released
-    for path in ("/release_memory_occupation", "/resume_memory_occupation"):
-        assert text.count(f"colocate: {path} on the reward-model servers 127.0.0.1:") == 2
+    assert [line.split("--random-seed ")[1].split()[0] for line in again] == ["2", "3", "4"]
+    assert all(r["dynamic_sampling/kept_groups"] == 16 for r in steps), steps
+    assert sum(r["dynamic_sampling/dropped_groups"] for r in steps) > 0
     assert max(r["staleness/max"] for r in steps) == 0
     assert max(abs(r["approx_kl/avg"]) for r in steps) < 1e-6
     for name in ("stop_servers", "start_servers"):
