@@ -77,6 +77,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--trl-threads", default=",".join(sorted({"1", str(os.cpu_count() or 1)})),
                    help="torch threads of TRL's process; a comma list runs TRL once per count and "
                         "compares arealite with the best (on a loaded machine one thread can win)")
+    p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                   help="a config override for both arealite runs (repeatable)")
     p.add_argument("--fileroot", default=str(ROOT / "outputs"))
     p.add_argument("--tag", default=None, help="results file suffix (default: quick or none)")
     a = p.parse_args(argv)
@@ -227,7 +229,7 @@ def run_arealite(name: str, a: argparse.Namespace, model: Path, data: Path, expe
             f"train_dataset.batch_size={a.prompts}", f"rollout.consumer_batch_size={a.prompts}",
             f"rollout.max_concurrent_rollouts={2 * a.prompts}", f"gconfig.n_samples={a.samples}",
             f"actor.group_size={a.samples}", f"gconfig.max_new_tokens={a.max_new_tokens}",
-            f"actor.optimizer.lr={a.lr}", "stats_logger.tensorboard=false"]
+            f"actor.optimizer.lr={a.lr}", "stats_logger.tensorboard=false", *a.override]
     print(f"== arealite {name} (load average {os.getloadavg()[0]:.1f}): arealite train {' '.join(argv)}", flush=True)
     t0 = time.monotonic()
     with open(out / "console.log", "w") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
