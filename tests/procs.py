@@ -92,6 +92,26 @@ def embedded_servers(
         yield [(f"{LOOPBACK}:{port}", proc) for port, proc, _ in started]
 
 
+def run_gloo_peers(script: str, out_dir, n: int = 2, timeout: float = 60.0) -> list:
+    """Run ``python script PORT RANK N OUT`` as ``n`` ranks of one gloo group on a free port,
+    each in its own process group; asserts each exits 0 within ``timeout`` (else shows its log)
+    and returns the ranks' output paths."""
+    from pathlib import Path
+
+    port = find_free_port()
+    outs = [Path(out_dir) / f"rank{r}.json" for r in range(n)]
+    with contextlib.ExitStack() as stack:
+        procs = [stack.enter_context(spawn([sys.executable, str(script), str(port), str(r),
+                                            str(n), str(outs[r])])) for r in range(n)]
+        for p, log in procs:
+            try:
+                rc = p.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                rc = None
+            assert rc == 0, log_tail(log)
+    return outs
+
+
 @contextlib.contextmanager
 def cpu_hog(n: int = 1) -> Iterator[None]:
     """``n`` busy processes beside a test, as when CI shares its 2 cores with other work."""

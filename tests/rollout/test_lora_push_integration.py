@@ -53,6 +53,14 @@ def request(n: int) -> ModelRequest:
         max_new_tokens=n, ignore_eos=True, temperature=1.0))
 
 
+def wait_running(base: str, timeout: float = 30.0) -> None:
+    """Until the server's batch holds a running request."""
+    deadline = time.monotonic() + timeout
+    while requests.get(f"{base}/v1/loads", timeout=5).json()["loads"][0]["num_running_reqs"] == 0:
+        assert time.monotonic() < deadline, "no request started running"
+        time.sleep(0.01)
+
+
 def test_adapter_versions_pushed_beside_each_other(tiny_model_dir, tmp_path):
     actor = lora_engine(tiny_model_dir)
     with embedded_server(str(tiny_model_dir), ["--enable-lora", "--weight-load-root",
@@ -80,11 +88,7 @@ def test_adapter_versions_pushed_beside_each_other(tiny_model_dir, tmp_path):
             # a long request on v1, held in the server's batch (the test's in-place pause) so
             # that it is surely running across the push of v2
             fut = client.executor.run_coroutine(client.agenerate(request(300)))
-            deadline = time.monotonic() + 30
-            while requests.get(f"{base}/v1/loads", timeout=5).json()["loads"][0][
-                    "num_running_reqs"] == 0:
-                assert time.monotonic() < deadline
-                time.sleep(0.01)
+            wait_running(base)
             requests.post(f"{base}/pause_generation", json={"mode": "in_place"}, timeout=10)
             sft_step(actor)
             push(2)  # loads with the server paused: the push itself never pauses anything
@@ -161,11 +165,7 @@ def test_adapter_pushed_in_memory_and_with_a_pause(tiny_model_dir):
             # a long request on v2, held in the batch (the test's in-place pause) with some
             # tokens made, then a pausing push of v3 cuts it
             fut = client.executor.run_coroutine(client.agenerate(request(300)))
-            deadline = time.monotonic() + 30
-            while requests.get(f"{base}/v1/loads", timeout=5).json()["loads"][0][
-                    "num_running_reqs"] == 0:
-                assert time.monotonic() < deadline
-                time.sleep(0.01)
+            wait_running(base)
             time.sleep(0.2)
             requests.post(f"{base}/pause_generation", json={"mode": "in_place"}, timeout=10)
             push(3, pause=True)

@@ -1,6 +1,4 @@
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -110,23 +108,12 @@ def test_values_never_nan_when_mask_selects_finite_entries():
 @pytest.mark.integration
 def test_all_reduce_across_two_gloo_ranks(tmp_path):
     """Ranks with different token counts combine as one pool (sum of sums / sum of counts)."""
-    from arealite.utils.network import find_free_port
-    from tests.procs import log_tail, spawn
-
-    script = Path(__file__).with_name("stats_tracker_peer.py")
-    port = find_free_port()
-    outs = [tmp_path / f"rank{r}.json" for r in range(2)]
-    with spawn([sys.executable, str(script), str(port), "0", "2", str(outs[0])]) as (p0, l0), \
-         spawn([sys.executable, str(script), str(port), "1", "2", str(outs[1])]) as (p1, l1):
-        for p, log in ((p0, l0), (p1, l1)):
-            try:
-                rc = p.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                rc = None
-            assert rc == 0, log_tail(log)
     import json
 
+    from tests.procs import run_gloo_peers
     from tests.utils.stats_tracker_peer import expected
+
+    outs = run_gloo_peers(Path(__file__).with_name("stats_tracker_peer.py"), tmp_path)
 
     results = [json.loads(o.read_text()) for o in outs]
     assert results[0] == results[1]  # every rank gets the same reduced values

@@ -82,25 +82,12 @@ def test_kto_reference_point_is_one_mean_over_all_ranks(tmp_path):
     """Two gloo ranks with different rows (one negative mean log-ratio, one positive) share
     one z0: the mean over both ranks' rows, clamped at 0 (as TRL gathers it)."""
     import json
-    import subprocess
-    import sys
     from pathlib import Path
 
-    from arealite.utils.network import find_free_port
     from tests.engine.preference.kto_z0_peer import rows
-    from tests.procs import log_tail, spawn
+    from tests.procs import run_gloo_peers
 
-    script = Path(__file__).with_name("kto_z0_peer.py")
-    port = find_free_port()
-    outs = [tmp_path / f"rank{r}.json" for r in range(2)]
-    with spawn([sys.executable, str(script), str(port), "0", "2", str(outs[0])]) as (p0, l0), \
-         spawn([sys.executable, str(script), str(port), "1", "2", str(outs[1])]) as (p1, l1):
-        for p, log in ((p0, l0), (p1, l1)):
-            try:
-                rc = p.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                rc = None
-            assert rc == 0, log_tail(log)
+    outs = run_gloo_peers(Path(__file__).with_name("kto_z0_peer.py"), tmp_path)
     z = [json.loads(o.read_text()) for o in outs]
     (a, ra), (b, rb) = rows(0), rows(1)
     pooled = torch.cat([a - ra, b - rb])
