@@ -394,6 +394,11 @@ def write_page(a: argparse.Namespace, results: list[dict[str, Any]], machine: di
     pref = preference_section()
     if pref:
         sections.append(("DPO and KTO from the SFT start, last full run", pref))
+    from benchmarks.attention_kernels import page_section as kernels_section
+
+    kernels = kernels_section()  # GPU runs, kept when a GPU was lent (not rerun here)
+    if kernels:
+        sections.append(("The trainer's attention kernels on a GPU (#27)", kernels))
     sections.append(("What would change on GPUs", GPU_NOTE))
     Path(a.doc).parent.mkdir(parents=True, exist_ok=True)
     Path(a.doc).write_text(render_markdown(results, machine, command, sections, date))
@@ -415,7 +420,8 @@ launcher and the rollout client share two cores. On GPUs the same code runs with
   trainer process's GIL with the rollout client, so the trainer phase keeps its sync cost.
 - Packed micro-batches use varlen flash attention (`attn_impl=auto` picks it on CUDA when
   `flash_attn` is installed; elsewhere per-sequence segment attention with shared prompts, which
-  is what the CPU path has used since issue 27, see trainer_step): no dense block mask either way.
+  is what the CPU path has used since issue 27, see trainer_step; `attn_impl=flex` runs the same
+  masks through FlexAttention, see the attention kernels section): no dense block mask either way.
 """
 
 

@@ -37,6 +37,7 @@ MAIN_BUDGET = 8192  # configs/toy_grpo.yaml's actor.max_tokens_per_mb
 MIXES = {  # name: (prompt length range, generated length range)
     "toy": ((16, 20), (4, 9)),
     "long": ((40, 80), (10, 60)),
+    "reasoning": ((100, 400), (50, 2000)),  # benchmarks.attention_kernels (GPU)
 }
 
 
@@ -62,51 +63,73 @@ def grpo_batch(mix: str, groups: int, group_size: int, vocab: int, seed: int) ->
 
 
 class Floor:
-    """Plain PyTorch: padded forward, policy-gradient loss, backward, clip, AdamW."""
+    """Plain PyTorch: padded forward, policy-gradient loss, backward, clip, AdamW. On CUDA the
+    weights stay fp32 under bf16 autocast (a plain mixed-precision trainer); rows go through in
+    consecutive chunks of at most ``budget`` padded tokens, the gradients accumulated."""
 
-    def __init__(self, model_dir: Path, lr: float):
+    def __init__(self, model_dir: Path, lr: float, device: str = "cpu",
+                 autocast: torch.dtype | None = None, budget: int | None = None):
         from transformers import AutoModelForCausalLM
 
         self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32,
-                                                          attn_implementation="sdpa")
+                                                          attn_implementation="sdpa").to(device)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.0)
+        self.device, self.autocast, self.budget = device, autocast, budget
 
     def step(self, batch: dict) -> None:
-        ids, am = batch["input_ids"], batch["attention_mask"]
-        logits = self.model(input_ids=ids, attention_mask=am, use_cache=False).logits[:, :-1]
-        logp = torch.log_softmax(logits.float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-        lm = batch["loss_mask"][:, 1:].float()
-        adv = (batch["rewards"] - batch["rewards"].mean())[:, None]
-        loss = -(adv * logp * lm).sum() / lm.sum()
-        loss.backward()
+        ids, am = batch["input_ids"].to(self.device), batch["attention_mask"].to(self.device)
+        lm = batch["loss_mask"][:, 1:].float().to(self.device)
+        adv = (batch["rewards"] - batch["rewards"].mean())[:, None].to(self.device)
+        rows = max(1, (self.budget or ids.numel()) // ids.shape[1])
+        for a in range(0, ids.shape[0], rows):
+            sl = slice(a, a + rows)
+            with torch.autocast(self.device, self.autocast, enabled=self.autocast is not None):
+                logits = self.model(input_ids=ids[sl], attention_mask=am[sl],
+                                    use_cache=False).logits[:, :-1]
+            logp = torch.log_softmax(logits.float(), -1).gather(-1, ids[sl, 1:, None]).squeeze(-1)
+            loss = -(adv[sl] * logp * lm[sl]).sum() / lm.sum()
+            loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
 
 
-def arealite_actor(model_dir: Path, budget: int, group_size: int, shared: bool, lr: float):
-    from arealite.api.config import OptimizerConfig, PPOActorConfig
+def arealite_actor(model_dir: Path, budget: int, group_size: int, shared: bool, lr: float,
+                   device: str = "cpu", param_dtype: str = "float32", attn_impl: str = "auto"):
+    """The GRPO entry point's actor; ``param_dtype=bfloat16``: fp32 master weights, bf16
+    compute (FSDP2 mixed precision)."""
+    from arealite.api.config import MixedPrecisionConfig, OptimizerConfig, PPOActorConfig
     from arealite.api.io_struct import FinetuneSpec
     from arealite.engine.ppo.actor import FSDPPPOActor
 
     cfg = PPOActorConfig(
         path=str(model_dir), dtype="float32", group_size=group_size, max_tokens_per_mb=budget,
         recompute_logprob=True, use_decoupled_loss=True, behav_imp_weight_cap=5.0,
-        adv_norm=True, shared_prompt_packing=shared,
+        adv_norm=True, shared_prompt_packing=shared, attn_impl=attn_impl,
+        mixed_precision=MixedPrecisionConfig(param_dtype=param_dtype),
         optimizer=OptimizerConfig(lr=lr, weight_decay=0.0, gradient_clipping=1.0),
     )
-    actor = FSDPPPOActor(cfg, device="cpu", backend="gloo")
+    actor = FSDPPPOActor(cfg, device=device, backend="nccl" if device == "cuda" else "gloo")
     actor.initialize(ft_spec=FinetuneSpec(1, 1 << 20, 16))
     return actor
 
 
+def sync() -> None:
+    """Wait for queued GPU work, so wall-clock timing covers it (nothing to do on CPU)."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def arealite_step(actor, batch: dict, times: dict[str, list[float]]) -> None:
     data = dict(batch)
+    sync()
     t0 = time.perf_counter()
     actor.actor.prepare_prox_logp(data)
     actor.compute_advantages(data)
+    sync()
     t1 = time.perf_counter()
     actor.ppo_update(data)
+    sync()
     t2 = time.perf_counter()
     times["logp"].append(t1 - t0)
     times["update"].append(t2 - t1)

@@ -122,9 +122,10 @@ class TrainEngineConfig(BaseConfig):
     max_tokens_per_mb: int = Field(
         8192, ge=1, description="Token budget of one packed micro-batch."
     )
-    attn_impl: Literal["auto", "segments", "sdpa", "eager", "flash_attention_2"] = Field(
+    attn_impl: Literal["auto", "segments", "flex", "sdpa", "eager", "flash_attention_2"] = Field(
         "auto", description="Attention kernel; auto picks flash-attn varlen on CUDA when present, "
-        "else segments (per-sequence SDPA, no dense mask); sdpa/eager use a dense [T, T] mask.",
+        "else segments (per-sequence SDPA, no dense mask); flex: the same masks as a "
+        "FlexAttention block mask (CUDA only); sdpa/eager use a dense [T, T] mask.",
     )
     lora: LoRAConfig | None = Field(
         None, description="Train a LoRA adapter (peft) over frozen base weights; null trains "
@@ -173,7 +174,7 @@ class PPOActorConfig(TrainEngineConfig, PPOAlgorithmOptions):
     )
     shared_prompt_packing: bool = Field(
         True, description="Compute each GRPO group's common prompt once per micro-batch "
-        "(prefix-tree attention; same losses and gradients). Needs attn_impl segments/auto.",
+        "(prefix-tree attention; same losses and gradients). Needs attn_impl segments, flex or auto.",
     )
 
     @model_validator(mode="after")

@@ -12,8 +12,9 @@ and dtypes are configuration; the code path is the same everywhere.
 Data: ``train_batch``/``forward`` take a padded trajectory dict (``arealite.api.trajectory``),
 split it into micro-batches of at most ``max_tokens_per_mb`` tokens (first-fit-decreasing, the
 same count on every rank), pack each one into a single row and run the model on it with
-per-sequence attention (``segments``: ``arealite.engine.segment_attention``, cost Σ Lᵢ²), a dense
-block-diagonal causal mask (sdpa/eager) or varlen flash attention (``cu_seqlens``). With
+per-sequence attention (``segments``: ``arealite.engine.segment_attention``, cost Σ Lᵢ²; or
+``flex``, the same masks as a FlexAttention block mask on CUDA), a dense block-diagonal causal
+mask (sdpa/eager) or varlen flash attention (``cu_seqlens``). With
 ``prefix_group_size > 1`` (the PPO actor sets it to its GRPO group size when
 ``shared_prompt_packing``) groups stay in one micro-batch and their common prompt is computed
 once (``arealite.engine.prefix_pack``); the logits are expanded back to the ordinary packed
@@ -45,6 +46,7 @@ from arealite.api.io_struct import (
 )
 from arealite.api.trajectory import TensorDict
 from arealite.engine import lora, segment_attention
+from arealite.engine.attn_impl import LAYOUT_IMPLS, resolve_attn_impl
 from arealite.engine.prefix_pack import group_units, share_prefixes, shared_sizes
 from arealite.engine.tensor_upload import upload_by_reference
 from arealite.engine.vision_pack import VISION_KEYS, pack_images, patch_dim
@@ -78,23 +80,6 @@ logger = logging.getLogger("arealite.engine.fsdp")
 
 LossFn = Callable[[torch.Tensor, TensorDict], torch.Tensor]
 WeightFn = Callable[[TensorDict], "float | torch.Tensor"]
-
-
-def resolve_attn_impl(attn_impl: str, device: torch.device) -> str:
-    """``auto``: flash-attn varlen on CUDA when the package is installed, else per-sequence
-    segment attention (``segments``; registered with transformers under its own name)."""
-    if attn_impl == "auto" and device.type == "cuda":
-        try:
-            import flash_attn  # noqa: F401
-
-            return "flash_attention_2"
-        except ImportError:
-            pass
-    if attn_impl in ("auto", "segments"):
-        return segment_attention.register()
-    if attn_impl == "flash_attention_2" and device.type != "cuda":
-        raise ValueError("attn_impl=flash_attention_2 needs device=cuda")
-    return attn_impl
 
 
 class FSDPEngine(TrainEngine):
@@ -260,7 +245,7 @@ class FSDPEngine(TrainEngine):
 
     @property
     def shares_prefixes(self) -> bool:
-        return self.prefix_group_size > 1 and self.attn_impl == segment_attention.ATTN_NAME
+        return self.prefix_group_size > 1 and self.attn_impl in LAYOUT_IMPLS
 
     def split_micro_batches(self, input_: TensorDict) -> MicroBatchList:
         data = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v
@@ -280,7 +265,7 @@ class FSDPEngine(TrainEngine):
         if images:  # each row's images stay with its tokens (arealite.engine.vision_pack)
             mb.update(images)
             p.update(pack_images(mb, patch_dim(self.hf_config), self.model.model.get_rope_index))
-        if self.attn_impl != segment_attention.ATTN_NAME:
+        if self.attn_impl not in LAYOUT_IMPLS:
             return p
         if self.shares_prefixes and rows and not images:
             ids, pos, expand, layout = share_prefixes(

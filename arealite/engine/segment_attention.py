@@ -20,7 +20,7 @@ passes the layout as the ``segment_layout`` keyword of the model's forward.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -39,11 +39,15 @@ class SegmentLayout:
     rows: int
     q_len: int
     kv_len: int
+    # [4, T] per packed position, the spans of the row whose query computes it: own start, own
+    # end, prefix start, prefix end (the same layout as a mask predicate, for FlexAttention)
+    spans: torch.Tensor
+    cache: dict = field(default_factory=dict, compare=False, repr=False)  # e.g. a block mask
 
     def to(self, device: torch.device) -> SegmentLayout:
         return SegmentLayout(self.q_index.to(device), self.kv_index.to(device),
                              self.mask.to(device), self.inverse.to(device),
-                             self.rows, self.q_len, self.kv_len)
+                             self.rows, self.q_len, self.kv_len, self.spans.to(device))
 
 
 def build_layout(prefix_start: torch.Tensor, prefix_len: torch.Tensor, own_start: torch.Tensor,
@@ -79,7 +83,10 @@ def build_layout(prefix_start: torch.Tensor, prefix_len: torch.Tensor, own_start
     inverse[qi[q_valid]] = flat[q_valid]
     if bool((inverse < 0).any()):
         raise ValueError("segment layout leaves packed positions without a query row")
-    return SegmentLayout(qi.reshape(-1), kv.reshape(-1), mask[:, None], inverse, R, Lq, Lk)
+    row = inverse // Lq
+    spans = torch.stack([own_start, own_start + own_len, prefix_start, prefix_start + prefix_len])
+    return SegmentLayout(qi.reshape(-1), kv.reshape(-1), mask[:, None], inverse, R, Lq, Lk,
+                         spans[:, row].long())
 
 
 def sequence_layout(cu_seqlens: torch.Tensor) -> SegmentLayout:
