@@ -22,7 +22,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from arealite.engine.segment_attention import SegmentLayout
+from arealite.engine.segment_attention import SegmentLayout, segment_attention
 
 ATTN_NAME = "arealite_flex"
 BLOCK = 128  # FlexAttention's default block size
@@ -94,10 +94,9 @@ def flex_segment_attention(
     """transformers attention interface: ``query [1, H, T, D]``, ``key/value [1, Hkv, T, D]``
     -> ``[1, T, H, D]``."""
     if segment_layout is None or not getattr(module, "is_causal", True):
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-        return sdpa_attention_forward(module, query, key, value, attention_mask,
-                                      dropout=dropout, scaling=scaling, **kwargs)
+        # plain SDPA, as the segment kernel runs these calls
+        return segment_attention(module, query, key, value, attention_mask, dropout, scaling,
+                                 **kwargs)
     if query.shape[0] != 1:
         raise ValueError("flex segment attention runs on one packed row (batch size 1)")
     if dropout:
