@@ -79,6 +79,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "compares arealite with the best (on a loaded machine one thread can win)")
     p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                    help="a config override for both arealite runs (repeatable)")
+    p.add_argument("--seed", type=int, default=1, help="seed of every system (data order, sampling)")
     p.add_argument("--fileroot", default=str(ROOT / "outputs"))
     p.add_argument("--tag", default=None, help="results file suffix (default: quick or none)")
     a = p.parse_args(argv)
@@ -214,14 +215,11 @@ def page_entry(r: dict[str, Any]) -> dict[str, Any]:
 # --------------------------------------------------------------------------- runs
 
 
-def run_arealite(name: str, a: argparse.Namespace, model: Path, data: Path, experiment: str,
-                 max_steps: int) -> dict[str, Any]:
-    from arealite.launcher.local import main as launch
-
-    out = Path(a.fileroot) / experiment / name
-    shutil.rmtree(out, ignore_errors=True)  # metrics.jsonl is appended to: start clean
-    out.mkdir(parents=True)
-    argv = [str(CONFIGS[name]), f"actor.path={model}", f"train_dataset.path={data / 'train.jsonl'}",
+def arealite_argv(name: str, a: argparse.Namespace, model: Path, data: Path, experiment: str,
+                  max_steps: int) -> list[str]:
+    """The launcher's arguments for arealite run ``name``: its config, the common shape and
+    ``--override``s last (they win)."""
+    return [str(CONFIGS[name]), f"actor.path={model}", f"train_dataset.path={data / 'train.jsonl'}",
             f"valid_dataset.path={data / 'valid.jsonl'}", f"cluster.fileroot={a.fileroot}",
             f"experiment_name={experiment}", f"trial_name={name}", f"total_train_seconds={a.seconds}",
             f"total_train_steps={max_steps}",  # the lr schedule's length, as TRL's max_steps
@@ -229,7 +227,20 @@ def run_arealite(name: str, a: argparse.Namespace, model: Path, data: Path, expe
             f"train_dataset.batch_size={a.prompts}", f"rollout.consumer_batch_size={a.prompts}",
             f"rollout.max_concurrent_rollouts={2 * a.prompts}", f"gconfig.n_samples={a.samples}",
             f"actor.group_size={a.samples}", f"gconfig.max_new_tokens={a.max_new_tokens}",
-            f"actor.optimizer.lr={a.lr}", "stats_logger.tensorboard=false", *a.override]
+            f"actor.optimizer.lr={a.lr}", f"seed={a.seed}", f"sglang.random_seed={a.seed}",
+            # TRL saves nothing (save_strategy="no"); the main job's recovery checkpoint every
+            # 10 steps (weights + optimizer) would run on arealite's training clock
+            "recover.freq_steps=null", "stats_logger.tensorboard=false", *a.override]
+
+
+def run_arealite(name: str, a: argparse.Namespace, model: Path, data: Path, experiment: str,
+                 max_steps: int) -> dict[str, Any]:
+    from arealite.launcher.local import main as launch
+
+    out = Path(a.fileroot) / experiment / name
+    shutil.rmtree(out, ignore_errors=True)  # metrics.jsonl is appended to: start clean
+    out.mkdir(parents=True)
+    argv = arealite_argv(name, a, model, data, experiment, max_steps)
     print(f"== arealite {name} (load average {os.getloadavg()[0]:.1f}): arealite train {' '.join(argv)}", flush=True)
     t0 = time.monotonic()
     with open(out / "console.log", "w") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
@@ -250,7 +261,7 @@ def run_trl(a: argparse.Namespace, model: Path, data: Path, experiment: str, max
            "--out", str(out / "result.json"), "--seconds", str(a.seconds), "--prompts", str(a.prompts),
            "--samples", str(a.samples), "--max-new-tokens", str(a.max_new_tokens), "--lr", str(a.lr),
            "--max-steps", str(max_steps), "--eval-every", str(a.eval_every),
-           "--eval-prompts", str(a.eval_prompts), "--threads", str(threads)]
+           "--eval-prompts", str(a.eval_prompts), "--threads", str(threads), "--seed", str(a.seed)]
     print(f"== TRL (load average {os.getloadavg()[0]:.1f}): {' '.join(cmd)}", flush=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": ""}
     t0 = time.monotonic()

@@ -113,3 +113,14 @@ def test_trl_thread_counts_and_the_best_trl_run():
     assert lines[0].startswith("arealite async / TRL seconds per step: 0.25x") and "2 threads" in lines[0]
     assert lines[1].startswith("arealite async / TRL time to 0.70 held-out accuracy: 0.25x") and "1 thread]" in lines[1]
     assert vs_trl.label("trl-2t") == "TRL GRPOTrainer, 2 threads" and "| TRL GRPOTrainer, 1 thread |" in vs_trl.table(runs, 0.7)
+
+
+def test_arealite_argv_shares_the_shape_and_seed_and_skips_recovery_checkpoints(tmp_path):
+    a = vs_trl.parse_args(["--seconds", "30", "--seed", "3", "--override", "recover.freq_steps=5"])
+    argv = vs_trl.arealite_argv("async", a, tmp_path / "m", tmp_path / "d", "exp", 750)
+    assert argv[0] == str(vs_trl.CONFIGS["async"]) and "total_train_seconds=30.0" in argv
+    assert {"seed=3", "sglang.random_seed=3", "gconfig.n_samples=8", "gconfig.max_new_tokens=5",
+            "actor.optimizer.lr=0.0002", "total_train_steps=750"} <= set(argv)
+    # TRL saves nothing: no recovery checkpoint on arealite's training clock, unless overridden
+    assert argv.index("recover.freq_steps=null") < argv.index("recover.freq_steps=5") == len(argv) - 1
+    assert vs_trl.parse_args([]).seed == 1
