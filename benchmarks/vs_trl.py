@@ -51,8 +51,25 @@ SYSTEMS = ("trl", "async", "sync")
 LABELS = {"trl": "TRL GRPOTrainer", "async": "arealite async (eta=2)", "sync": "arealite sync"}
 
 
-def label(name: str) -> str:
-    """``trl-2t`` -> ``TRL GRPOTrainer, 2 threads``; arealite's names from LABELS."""
+def run_key(name: str, seed: int, seeds: list[int]) -> str:
+    """A run's key (and trial folder): the system's name, ``-sN`` added when several seeds run."""
+    return name if len(seeds) == 1 else f"{name}-s{seed}"
+
+
+def split_key(key: str) -> tuple[str, int | None]:
+    """``async-s2`` -> (``async``, 2); ``trl-1t`` -> (``trl-1t``, None)."""
+    head, _, tail = key.rpartition("-s")
+    return (head, int(tail)) if head and tail.isdigit() else (key, None)
+
+
+def label(key: str) -> str:
+    """``trl-2t`` -> ``TRL GRPOTrainer, 2 threads``; arealite's names from LABELS; a seed
+    suffix (``-s2``) -> ``, seed 2``."""
+    name, seed = split_key(key)
+    return _label(name) + ("" if seed is None else f", seed {seed}")
+
+
+def _label(name: str) -> str:
     if name.startswith("trl-") and name.endswith("t"):
         n = name[4:-1]
         return f"{LABELS['trl']}, {n} thread{'' if n == '1' else 's'}"
@@ -79,7 +96,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "compares arealite with the best (on a loaded machine one thread can win)")
     p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                    help="a config override for both arealite runs (repeatable)")
-    p.add_argument("--seed", type=int, default=1, help="seed of every system (data order, sampling)")
+    p.add_argument("--seeds", default="1", help="comma-separated seeds (data order, sampling); "
+                   "several run every system once per seed and the headlines are means over them")
     p.add_argument("--fileroot", default=str(ROOT / "outputs"))
     p.add_argument("--tag", default=None, help="results file suffix (default: quick or none)")
     a = p.parse_args(argv)
@@ -92,6 +110,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--trl-threads: comma-separated integers, not {a.trl_threads!r}")
     if not a.trl_threads or min(a.trl_threads) < 1:
         p.error("--trl-threads: at least one count, each >= 1")
+    try:
+        a.seeds = sorted({int(s) for s in str(a.seeds).split(",") if s.strip()})
+    except ValueError:
+        p.error(f"--seeds: comma-separated integers, not {a.seeds!r}")
+    if not a.seeds:
+        p.error("--seeds: at least one seed")
     bad = [s for s in a.systems if s not in SYSTEMS]
     if bad or not a.systems:
         p.error(f"--systems: unknown {bad or 'empty list'}; choose from {', '.join(SYSTEMS)}")
@@ -167,24 +191,44 @@ def table(runs: dict[str, dict[str, Any]], target: float) -> str:
     return "\n".join(rows)
 
 
-def headlines(runs: dict[str, dict[str, Any]], target: float) -> list[str]:
-    """The ratio lines (``... VALUE (target ...)``, read by ``benchmarks/report.py``)."""
+def best_trl(runs: dict[str, dict[str, Any]]) -> tuple[str, str] | None:
+    """TRL at its best among its thread counts: (the fastest per step, the earliest to the
+    target); None without a TRL run."""
     trls = {k: v for k, v in runs.items() if k == "trl" or k.startswith("trl-")}
     if not trls:
-        return []
-    out = []
-    # TRL at its best: the fastest of its thread counts, and the earliest to the target
+        return None
     fast = min(trls, key=lambda k: trls[k]["step_s"] or float("inf"))
     first = min(trls, key=lambda k: (trls[k]["tta_s"] is None, trls[k]["tta_s"] or 0.0, -trls[k]["train_s"]))
+    return fast, first
+
+
+def headlines(runs: dict[str, dict[str, Any]], target: float) -> list[str]:
+    """The ratio lines (``... VALUE (target ...)``, read by ``benchmarks/report.py``). With
+    several seeds: each seed's lines (no target), then the means over seeds (the targets)."""
+    seeds = sorted({split_key(k)[1] or 0 for k in runs})
+    if len(seeds) <= 1:
+        return seed_headlines(runs, target, targets=True)
+    by_seed = {seed: {split_key(k)[0]: v for k, v in runs.items() if split_key(k)[1] == seed} for seed in seeds}
+    out = [f"seed {seed}: {line}" for seed in seeds for line in seed_headlines(by_seed[seed], target, targets=False)]
+    return out + mean_headlines(by_seed, target)
+
+
+def seed_headlines(runs: dict[str, dict[str, Any]], target: float, targets: bool) -> list[str]:
+    """The ratio lines of one seed's runs (keys without a seed suffix)."""
+    best = best_trl(runs)
+    if best is None:
+        return []
+    fast, first = best
+    out = []
     for name in ("async", "sync"):
         if name not in runs:
             continue
-        s, tag = runs[name], "" if name == "async" else " (no target)"
-        trl = trls[fast]
+        s, tag = runs[name], "" if name == "async" and targets else " (no target)"
+        trl = runs[fast]
         if s["step_s"] and trl["step_s"]:
             line = f"arealite {name} / TRL seconds per step: {s['step_s'] / trl['step_s']:.2f}x"
-            out.append(line + (f" (target <= {TARGET_STEP_RATIO})" if name == "async" else tag) + f" [{label(fast)}]")
-        trl = trls[first]
+            out.append(line + (f" (target <= {TARGET_STEP_RATIO})" if not tag else tag) + f" [{label(fast)}]")
+        trl = runs[first]
         ratio, how = tta_ratio(s, trl)
         what = f"arealite {name} / TRL time to {target:.2f} held-out accuracy"
         if ratio is None:
@@ -193,8 +237,38 @@ def headlines(runs: dict[str, dict[str, Any]], target: float) -> list[str]:
             note = {"upper bound": f" [an upper bound: TRL did not reach it in {trl['train_s']:.0f} s]",
                     "lower bound": f" [a lower bound: arealite {name} did not reach it in {s['train_s']:.0f} s]",
                     }.get(how, "")
-            out.append(f"{what}: {ratio:.2f}x" + (f" (target <= {TARGET_TTA_RATIO})" if name == "async" else tag)
+            out.append(f"{what}: {ratio:.2f}x" + (f" (target <= {TARGET_TTA_RATIO})" if not tag else tag)
                        + note + f" [{label(first)}]")
+    return out
+
+
+def mean_headlines(by_seed: dict[int, dict[str, dict[str, Any]]], target: float) -> list[str]:
+    """Ratios of the means over seeds (TRL at its best in each seed): seconds per step, and
+    time to ``target`` when every run of both sides reached it."""
+    seeds = sorted(by_seed)
+    best = {seed: best_trl(runs) for seed, runs in by_seed.items()}
+    if any(b is None for b in best.values()):
+        return []
+    over = f"(mean over seeds {','.join(map(str, seeds))})"
+    out = []
+    for name in ("async", "sync"):
+        if any(name not in by_seed[seed] for seed in seeds):
+            continue
+        ours = [by_seed[seed][name] for seed in seeds]
+        fast = [by_seed[seed][best[seed][0]] for seed in seeds]
+        first = [by_seed[seed][best[seed][1]] for seed in seeds]
+        targets = name == "async"
+        if all(r["step_s"] for r in ours + fast):
+            ratio = sum(r["step_s"] for r in ours) / sum(r["step_s"] for r in fast)
+            out.append(f"arealite {name} / TRL seconds per step {over}: {ratio:.2f}x"
+                       + (f" (target <= {TARGET_STEP_RATIO})" if targets else " (no target)"))
+        what = f"arealite {name} / TRL time to {target:.2f} held-out accuracy {over}"
+        if all(r["tta_s"] is not None for r in ours + first) and sum(r["tta_s"] for r in first) > 0:
+            ratio = sum(r["tta_s"] for r in ours) / sum(r["tta_s"] for r in first)
+            out.append(f"{what}: {ratio:.2f}x" + (f" (target <= {TARGET_TTA_RATIO})" if targets else " (no target)"))
+        else:
+            out.append(f"{what}: not reached in every seed (arealite {[_f(r['tta_s'], '.1f') for r in ours]} s, "
+                       f"TRL {[_f(r['tta_s'], '.1f') for r in first]} s)")
     return out
 
 
@@ -216,52 +290,53 @@ def page_entry(r: dict[str, Any]) -> dict[str, Any]:
 
 
 def arealite_argv(name: str, a: argparse.Namespace, model: Path, data: Path, experiment: str,
-                  max_steps: int) -> list[str]:
-    """The launcher's arguments for arealite run ``name``: its config, the common shape and
-    ``--override``s last (they win)."""
+                  max_steps: int, seed: int, trial: str | None = None) -> list[str]:
+    """The launcher's arguments for arealite system ``name`` (config ``CONFIGS[name]``): the
+    common shape, the seed, and ``--override``s last (they win)."""
     return [str(CONFIGS[name]), f"actor.path={model}", f"train_dataset.path={data / 'train.jsonl'}",
             f"valid_dataset.path={data / 'valid.jsonl'}", f"cluster.fileroot={a.fileroot}",
-            f"experiment_name={experiment}", f"trial_name={name}", f"total_train_seconds={a.seconds}",
+            f"experiment_name={experiment}", f"trial_name={trial or name}", f"total_train_seconds={a.seconds}",
             f"total_train_steps={max_steps}",  # the lr schedule's length, as TRL's max_steps
             f"evaluator.freq_steps={a.eval_every}", f"evaluator.max_prompts={a.eval_prompts or 'null'}",
             f"train_dataset.batch_size={a.prompts}", f"rollout.consumer_batch_size={a.prompts}",
             f"rollout.max_concurrent_rollouts={2 * a.prompts}", f"gconfig.n_samples={a.samples}",
             f"actor.group_size={a.samples}", f"gconfig.max_new_tokens={a.max_new_tokens}",
-            f"actor.optimizer.lr={a.lr}", f"seed={a.seed}", f"sglang.random_seed={a.seed}",
+            f"actor.optimizer.lr={a.lr}", f"seed={seed}", f"sglang.random_seed={seed}",
             # TRL saves nothing (save_strategy="no"); the main job's recovery checkpoint every
             # 10 steps (weights + optimizer) would run on arealite's training clock
             "recover.freq_steps=null", "stats_logger.tensorboard=false", *a.override]
 
 
 def run_arealite(name: str, a: argparse.Namespace, model: Path, data: Path, experiment: str,
-                 max_steps: int) -> dict[str, Any]:
+                 max_steps: int, seed: int) -> dict[str, Any]:
     from arealite.launcher.local import main as launch
 
-    out = Path(a.fileroot) / experiment / name
+    trial = run_key(name, seed, a.seeds)
+    out = Path(a.fileroot) / experiment / trial
     shutil.rmtree(out, ignore_errors=True)  # metrics.jsonl is appended to: start clean
     out.mkdir(parents=True)
-    argv = arealite_argv(name, a, model, data, experiment, max_steps)
+    argv = arealite_argv(name, a, model, data, experiment, max_steps, seed, trial)
     print(f"== arealite {name} (load average {os.getloadavg()[0]:.1f}): arealite train {' '.join(argv)}", flush=True)
     t0 = time.monotonic()
     with open(out / "console.log", "w") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
         code = launch(argv)
     if code != 0:
-        raise SystemExit(f"arealite {name} failed (exit {code}); see {out / 'console.log'}")
+        raise SystemExit(f"arealite {trial} failed (exit {code}); see {out / 'console.log'}")
     print(f"   done in {time.monotonic() - t0:.0f}s (logs: {out / 'logs'})", flush=True)
     records = [json.loads(line) for line in (out / "logs" / "metrics.jsonl").read_text().splitlines() if line.strip()]
     return arealite_summary(records, a.target)
 
 
 def run_trl(a: argparse.Namespace, model: Path, data: Path, experiment: str, max_steps: int,
-            threads: int) -> dict[str, Any]:
-    out = Path(a.fileroot) / experiment / f"trl-{threads}t"
+            threads: int, seed: int) -> dict[str, Any]:
+    out = Path(a.fileroot) / experiment / run_key(f"trl-{threads}t", seed, a.seeds)
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     cmd = [a.trl_python, str(ROOT / "benchmarks" / "trl_grpo.py"), "--model", str(model), "--data", str(data),
            "--out", str(out / "result.json"), "--seconds", str(a.seconds), "--prompts", str(a.prompts),
            "--samples", str(a.samples), "--max-new-tokens", str(a.max_new_tokens), "--lr", str(a.lr),
            "--max-steps", str(max_steps), "--eval-every", str(a.eval_every),
-           "--eval-prompts", str(a.eval_prompts), "--threads", str(threads), "--seed", str(a.seed)]
+           "--eval-prompts", str(a.eval_prompts), "--threads", str(threads), "--seed", str(seed)]
     print(f"== TRL (load average {os.getloadavg()[0]:.1f}): {' '.join(cmd)}", flush=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": ""}
     t0 = time.monotonic()
@@ -309,14 +384,15 @@ def main(argv: list[str] | None = None) -> int:
     tag = a.tag or ("quick" if a.quick else "")
     experiment = "bench-vs-trl" + (f"-{tag}" if tag else "")
     runs: dict[str, dict[str, Any]] = {}
-    for name in a.systems:
-        if name == "trl":
-            for th in a.trl_threads:
-                runs[f"trl-{th}t"] = run_trl(a, model, data, experiment, max_steps, th)
-        else:
-            runs[name] = run_arealite(name, a, model, data, experiment, max_steps)
+    for seed in a.seeds:  # a seed's systems side by side, then the next seed
+        for name in a.systems:
+            if name == "trl":
+                for th in a.trl_threads:
+                    runs[run_key(f"trl-{th}t", seed, a.seeds)] = run_trl(a, model, data, experiment, max_steps, th, seed)
+            else:
+                runs[run_key(name, seed, a.seeds)] = run_arealite(name, a, model, data, experiment, max_steps, seed)
     print(f"\n{a.prompts} prompts x {a.samples} samples per step, max {a.max_new_tokens} new tokens, lr {a.lr}, "
-          f"{a.seconds:.0f} training seconds each; TRL torch threads {a.trl_threads}\n")
+          f"{a.seconds:.0f} training seconds each; TRL torch threads {a.trl_threads}; seeds {a.seeds}\n")
     print(table(runs, a.target))
     print()
     for line in headlines(runs, a.target):
