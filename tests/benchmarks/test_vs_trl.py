@@ -124,6 +124,9 @@ def test_arealite_argv_shares_the_shape_and_seed_and_skips_recovery_checkpoints(
     assert argv[0] == str(vs_trl.CONFIGS["async"]) and "total_train_seconds=30.0" in argv
     assert {"seed=3", "sglang.random_seed=3", "trial_name=async-s3", "gconfig.n_samples=8",
             "gconfig.max_new_tokens=5", "actor.optimizer.lr=0.0002", "total_train_steps=750"} <= set(argv)
+    # arealite's algorithm choices for the comparison, before the overrides (which win)
+    assert "actor.adv_estimator=grpo" in vs_trl.ALGORITHM
+    assert argv[-1 - len(vs_trl.ALGORITHM):-1] == vs_trl.ALGORITHM
     # TRL saves nothing: no recovery checkpoint on arealite's training clock, unless overridden
     assert argv.index("recover.freq_steps=null") < argv.index("recover.freq_steps=5") == len(argv) - 1
 
