@@ -151,7 +151,13 @@ def test_several_seeds_report_each_seed_and_the_means():
     mean = figs["arealite async / TRL time to 0.80 held-out accuracy (mean over seeds 1,2)"]
     assert (mean.value, mean.met) == ("0.50x", True)  # (8 + 22) / (20 + 40)
     assert figs["arealite async / TRL seconds per step (mean over seeds 1,2)"].value == "0.50x"
-    runs["async-s2"] = trl(1.0, None)  # one seed never reached it: no mean
+    runs["async-s2"] = trl(1.0, None)  # ours missed it in one seed: its whole 10 s counts, a lower bound
+    last = vs_trl.headlines(runs, 0.8)[-1]
+    assert last.endswith("0.30x (target <= 0.5) [a lower bound: arealite async did not reach it in every seed]")
+    runs["async-s2"], runs["trl-1t-s1"] = trl(1.0, 22.0), trl(2.0, None)  # TRL missed it: an upper bound
+    last = vs_trl.headlines(runs, 0.8)[-1]
+    assert last.endswith("0.50x (target <= 0.5) [an upper bound: TRL did not reach it in every seed]")
+    runs["async-s2"] = trl(1.0, None)  # both sides missed it in some seed: no figure
     last = vs_trl.headlines(runs, 0.8)[-1]
     assert "not reached in every seed" in last and not parse_figures("vs_trl", last)
     assert "| arealite async (eta=2), seed 2 |" in vs_trl.table(runs, 0.8)
