@@ -60,8 +60,11 @@ KNOWN["vs_trl"] = (
     "against arealite async (configs/toy_grpo.yaml) and sync (configs/toy_grpo_sync.yaml) on the "
     "main job's task, one after the other: same SFT warm start, grader, greedy held-out "
     "evaluation, prompts x samples per step, max new tokens and learning rate; each trains for "
-    "the same training seconds (evaluations excluded). Seconds per step, held-out accuracy "
-    "against training seconds, training seconds to the target accuracy; ratios arealite / TRL.")
+    "the same training seconds (evaluations excluded). arealite runs TRL's estimator (grpo) with "
+    "PPO's clip against the behaviour logprobs (decoupled loss off: vs_trl.ALGORITHM) and no "
+    "recovery checkpoints. Seconds per step, held-out accuracy against training seconds, "
+    "training seconds to the target accuracy; ratios arealite / TRL (with --seeds: per seed and "
+    "of the means).")
 HELPERS = {"__init__", "run_all", "report", "rl_metrics", "longtail_workflow", "run_probes", "trl_grpo"}
 
 

@@ -1,6 +1,7 @@
 """arealite against TRL's ``GRPOTrainer`` on the main job's task, one after the other in one run.
 
     python -m benchmarks.vs_trl [--quick] [--seconds S] [--target ACC] [--systems trl,async,sync]
+                                [--seeds 1,2,3] [--trl-threads 1] [--override KEY=VALUE ...]
 
 Needs TRL's virtualenv: ``make setup-trl`` (``benchmarks/trl_requirements.txt``, pinned).
 
@@ -10,22 +11,29 @@ training rows, grader (``workflows.rewards.toy.toy_reward``) and held-out set, e
 with the same max new tokens every ``--eval-every`` optimizer steps; the issue's per-step shape
 (``--prompts`` prompts x ``--samples`` samples, default 8 x 8; the main job runs 16 x 8), at
 most 5 new tokens (``#### N`` and EOS fit; the main job allows 10), learning rate (2e-4,
-cosine to 0.2x over two epochs), clip 0.2, no KL term, gradient clipping 1.0, fp32 on the CPU.
-Each system trains for ``--seconds`` of training time (evaluations excluded):
+cosine to 0.2x over two epochs), clip 0.2, no KL term, gradient clipping 1.0, AdamW without
+weight decay, fp32 on the CPU, no checkpoints, the seed (``--seeds``: every system once per
+seed). Each system trains for ``--seconds`` of training time (evaluations excluded):
 
 - ``trl``: ``GRPOTrainer`` (``use_vllm=False``, generation in line) in the TRL virtualenv
   (``benchmarks/trl_grpo.py``), one process with ``--trl-threads`` torch threads (default: the
   machine's cores), without gradient checkpointing (its default; nothing to save here).
   Otherwise TRL's defaults (advantages against the group mean scaled by the group's std,
-  ``loss_type="dapo"``); arealite normalises advantages over the batch (the main job's config).
+  ``loss_type="dapo"``: token mean over the batch, one optimizer step per batch).
 - ``async``: ``configs/toy_grpo.yaml`` through the local launcher (embedded server + trainer,
   the cores split between them, eta = 2); ``sync``: ``configs/toy_grpo_sync.yaml`` (eta = 0).
+  Both with ``ALGORITHM`` (below): TRL's estimator (``adv_estimator=grpo``) and PPO's clip
+  against the behaviour logprobs (``use_decoupled_loss=false, recompute_logprob=false``)
+  instead of the main job's batch-normalised advantages and decoupled loss; and without the main
+  job's recovery checkpoint every 10 steps (TRL saves nothing).
 
 Figures per system: steps, seconds per step (training seconds / steps), the phase times,
 held-out accuracy against training seconds, and the training seconds to the first evaluation at
 or above ``--target``. Headlines: arealite async / TRL for seconds per step (target <= 0.7) and
-for time to target accuracy (target <= 0.5). Writes ``benchmarks/results/vs_trl[_quick].json``
-and a PNG of the accuracy curves.
+for time to target accuracy (target <= 0.5); with several seeds, each seed's ratios and the
+ratios of the means over seeds (which carry the targets: the first crossing of a noisy held-out
+curve moves by ~60% from seed to seed, on both sides). Writes
+``benchmarks/results/vs_trl[_TAG].json`` and a PNG of the accuracy curves.
 """
 
 from __future__ import annotations
@@ -51,13 +59,39 @@ SYSTEMS = ("trl", "async", "sync")
 LABELS = {"trl": "TRL GRPOTrainer", "async": "arealite async (eta=2)", "sync": "arealite sync"}
 
 
-def label(name: str) -> str:
-    """``trl-2t`` -> ``TRL GRPOTrainer, 2 threads``; arealite's names from LABELS."""
+def run_key(name: str, seed: int, seeds: list[int]) -> str:
+    """A run's key (and trial folder): the system's name, ``-sN`` added when several seeds run."""
+    return name if len(seeds) == 1 else f"{name}-s{seed}"
+
+
+def split_key(key: str) -> tuple[str, int | None]:
+    """``async-s2`` -> (``async``, 2); ``trl-1t`` -> (``trl-1t``, None)."""
+    head, _, tail = key.rpartition("-s")
+    return (head, int(tail)) if head and tail.isdigit() else (key, None)
+
+
+def label(key: str) -> str:
+    """``trl-2t`` -> ``TRL GRPOTrainer, 2 threads``; arealite's names from LABELS; a seed
+    suffix (``-s2``) -> ``, seed 2``."""
+    name, seed = split_key(key)
+    return _label(name) + ("" if seed is None else f", seed {seed}")
+
+
+def _label(name: str) -> str:
     if name.startswith("trl-") and name.endswith("t"):
         n = name[4:-1]
         return f"{LABELS['trl']}, {n} thread{'' if n == '1' else 's'}"
     return LABELS.get(name, name)
 TARGET_STEP_RATIO, TARGET_TTA_RATIO = 0.7, 0.5
+# arealite's algorithm choices for this comparison (both arealite runs; ``--override`` wins):
+# TRL's estimator (group mean and std), and PPO's clip taken against the behaviour policy that
+# sampled the tokens, not the decoupled loss's proximal policy. With one optimizer step per batch
+# the proximal policy is the current one, so the decoupled clip never binds (ratio 1, as in TRL)
+# and nothing bounds the first steps' overshoot; against the behaviour policy (up to eta versions
+# old) the clip is a trust region over the last eta updates. Measured (8 x 8, 5 tokens, seeds 1
+# and 2): first held-out accuracy >= 0.70 at steps 80 and 100, against 200-250 with the main
+# job's choices and 150-240 for TRL. ``docs/benchmarks.md`` has the runs.
+ALGORITHM = ["actor.adv_estimator=grpo", "actor.use_decoupled_loss=false", "actor.recompute_logprob=false"]
 Curve = list[tuple[float, float]]  # (training seconds, held-out accuracy)
 
 
@@ -79,6 +113,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "compares arealite with the best (on a loaded machine one thread can win)")
     p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                    help="a config override for both arealite runs (repeatable)")
+    p.add_argument("--seeds", default="1", help="comma-separated seeds (data order, sampling); "
+                   "several run every system once per seed and the headlines are means over them")
     p.add_argument("--fileroot", default=str(ROOT / "outputs"))
     p.add_argument("--tag", default=None, help="results file suffix (default: quick or none)")
     a = p.parse_args(argv)
@@ -91,6 +127,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--trl-threads: comma-separated integers, not {a.trl_threads!r}")
     if not a.trl_threads or min(a.trl_threads) < 1:
         p.error("--trl-threads: at least one count, each >= 1")
+    try:
+        a.seeds = sorted({int(s) for s in str(a.seeds).split(",") if s.strip()})
+    except ValueError:
+        p.error(f"--seeds: comma-separated integers, not {a.seeds!r}")
+    if not a.seeds:
+        p.error("--seeds: at least one seed")
     bad = [s for s in a.systems if s not in SYSTEMS]
     if bad or not a.systems:
         p.error(f"--systems: unknown {bad or 'empty list'}; choose from {', '.join(SYSTEMS)}")
@@ -166,24 +208,44 @@ def table(runs: dict[str, dict[str, Any]], target: float) -> str:
     return "\n".join(rows)
 
 
-def headlines(runs: dict[str, dict[str, Any]], target: float) -> list[str]:
-    """The ratio lines (``... VALUE (target ...)``, read by ``benchmarks/report.py``)."""
+def best_trl(runs: dict[str, dict[str, Any]]) -> tuple[str, str] | None:
+    """TRL at its best among its thread counts: (the fastest per step, the earliest to the
+    target); None without a TRL run."""
     trls = {k: v for k, v in runs.items() if k == "trl" or k.startswith("trl-")}
     if not trls:
-        return []
-    out = []
-    # TRL at its best: the fastest of its thread counts, and the earliest to the target
+        return None
     fast = min(trls, key=lambda k: trls[k]["step_s"] or float("inf"))
     first = min(trls, key=lambda k: (trls[k]["tta_s"] is None, trls[k]["tta_s"] or 0.0, -trls[k]["train_s"]))
+    return fast, first
+
+
+def headlines(runs: dict[str, dict[str, Any]], target: float) -> list[str]:
+    """The ratio lines (``... VALUE (target ...)``, read by ``benchmarks/report.py``). With
+    several seeds: each seed's lines (no target), then the means over seeds (the targets)."""
+    seeds = sorted({split_key(k)[1] or 0 for k in runs})
+    if len(seeds) <= 1:
+        return seed_headlines(runs, target, targets=True)
+    by_seed = {seed: {split_key(k)[0]: v for k, v in runs.items() if split_key(k)[1] == seed} for seed in seeds}
+    out = [f"seed {seed}: {line}" for seed in seeds for line in seed_headlines(by_seed[seed], target, targets=False)]
+    return out + mean_headlines(by_seed, target)
+
+
+def seed_headlines(runs: dict[str, dict[str, Any]], target: float, targets: bool) -> list[str]:
+    """The ratio lines of one seed's runs (keys without a seed suffix)."""
+    best = best_trl(runs)
+    if best is None:
+        return []
+    fast, first = best
+    out = []
     for name in ("async", "sync"):
         if name not in runs:
             continue
-        s, tag = runs[name], "" if name == "async" else " (no target)"
-        trl = trls[fast]
+        s, tag = runs[name], "" if name == "async" and targets else " (no target)"
+        trl = runs[fast]
         if s["step_s"] and trl["step_s"]:
             line = f"arealite {name} / TRL seconds per step: {s['step_s'] / trl['step_s']:.2f}x"
-            out.append(line + (f" (target <= {TARGET_STEP_RATIO})" if name == "async" else tag) + f" [{label(fast)}]")
-        trl = trls[first]
+            out.append(line + (f" (target <= {TARGET_STEP_RATIO})" if not tag else tag) + f" [{label(fast)}]")
+        trl = runs[first]
         ratio, how = tta_ratio(s, trl)
         what = f"arealite {name} / TRL time to {target:.2f} held-out accuracy"
         if ratio is None:
@@ -192,8 +254,44 @@ def headlines(runs: dict[str, dict[str, Any]], target: float) -> list[str]:
             note = {"upper bound": f" [an upper bound: TRL did not reach it in {trl['train_s']:.0f} s]",
                     "lower bound": f" [a lower bound: arealite {name} did not reach it in {s['train_s']:.0f} s]",
                     }.get(how, "")
-            out.append(f"{what}: {ratio:.2f}x" + (f" (target <= {TARGET_TTA_RATIO})" if name == "async" else tag)
+            out.append(f"{what}: {ratio:.2f}x" + (f" (target <= {TARGET_TTA_RATIO})" if not tag else tag)
                        + note + f" [{label(first)}]")
+    return out
+
+
+def mean_headlines(by_seed: dict[int, dict[str, dict[str, Any]]], target: float) -> list[str]:
+    """Ratios of the means over seeds (TRL at its best in each seed): seconds per step, and
+    time to ``target`` when every run of both sides reached it."""
+    seeds = sorted(by_seed)
+    best = {seed: best_trl(runs) for seed, runs in by_seed.items()}
+    if any(b is None for b in best.values()):
+        return []
+    over = f"(mean over seeds {','.join(map(str, seeds))})"
+    out = []
+    for name in ("async", "sync"):
+        if any(name not in by_seed[seed] for seed in seeds):
+            continue
+        ours = [by_seed[seed][name] for seed in seeds]
+        fast = [by_seed[seed][best[seed][0]] for seed in seeds]
+        first = [by_seed[seed][best[seed][1]] for seed in seeds]
+        targets = name == "async"
+        if all(r["step_s"] for r in ours + fast):
+            ratio = sum(r["step_s"] for r in ours) / sum(r["step_s"] for r in fast)
+            out.append(f"arealite {name} / TRL seconds per step {over}: {ratio:.2f}x"
+                       + (f" (target <= {TARGET_STEP_RATIO})" if targets else " (no target)"))
+        what = f"arealite {name} / TRL time to {target:.2f} held-out accuracy {over}"
+        # a run that never reached the target counts with its whole training time (a bound, as
+        # tta_ratio's): only one side may miss it, and the line says which way the bound goes
+        ours_miss, trl_miss = (any(r["tta_s"] is None for r in rs) for rs in (ours, first))
+        theirs = sum(r["tta_s"] if r["tta_s"] is not None else r["train_s"] for r in first)
+        if (ours_miss and trl_miss) or theirs <= 0:
+            out.append(f"{what}: not reached in every seed (arealite {[_f(r['tta_s'], '.1f') for r in ours]} s, "
+                       f"TRL {[_f(r['tta_s'], '.1f') for r in first]} s)")
+            continue
+        ratio = sum(r["tta_s"] if r["tta_s"] is not None else r["train_s"] for r in ours) / theirs
+        note = (" [an upper bound: TRL did not reach it in every seed]" if trl_miss else
+                f" [a lower bound: arealite {name} did not reach it in every seed]" if ours_miss else "")
+        out.append(f"{what}: {ratio:.2f}x" + (f" (target <= {TARGET_TTA_RATIO})" if targets else " (no target)") + note)
     return out
 
 
@@ -214,43 +312,54 @@ def page_entry(r: dict[str, Any]) -> dict[str, Any]:
 # --------------------------------------------------------------------------- runs
 
 
-def run_arealite(name: str, a: argparse.Namespace, model: Path, data: Path, experiment: str,
-                 max_steps: int) -> dict[str, Any]:
-    from arealite.launcher.local import main as launch
-
-    out = Path(a.fileroot) / experiment / name
-    shutil.rmtree(out, ignore_errors=True)  # metrics.jsonl is appended to: start clean
-    out.mkdir(parents=True)
-    argv = [str(CONFIGS[name]), f"actor.path={model}", f"train_dataset.path={data / 'train.jsonl'}",
+def arealite_argv(name: str, a: argparse.Namespace, model: Path, data: Path, experiment: str,
+                  max_steps: int, seed: int, trial: str | None = None) -> list[str]:
+    """The launcher's arguments for arealite system ``name`` (config ``CONFIGS[name]``): the
+    common shape, the seed, and ``--override``s last (they win)."""
+    return [str(CONFIGS[name]), f"actor.path={model}", f"train_dataset.path={data / 'train.jsonl'}",
             f"valid_dataset.path={data / 'valid.jsonl'}", f"cluster.fileroot={a.fileroot}",
-            f"experiment_name={experiment}", f"trial_name={name}", f"total_train_seconds={a.seconds}",
+            f"experiment_name={experiment}", f"trial_name={trial or name}", f"total_train_seconds={a.seconds}",
             f"total_train_steps={max_steps}",  # the lr schedule's length, as TRL's max_steps
             f"evaluator.freq_steps={a.eval_every}", f"evaluator.max_prompts={a.eval_prompts or 'null'}",
             f"train_dataset.batch_size={a.prompts}", f"rollout.consumer_batch_size={a.prompts}",
             f"rollout.max_concurrent_rollouts={2 * a.prompts}", f"gconfig.n_samples={a.samples}",
             f"actor.group_size={a.samples}", f"gconfig.max_new_tokens={a.max_new_tokens}",
-            f"actor.optimizer.lr={a.lr}", "stats_logger.tensorboard=false", *a.override]
+            f"actor.optimizer.lr={a.lr}", f"seed={seed}", f"sglang.random_seed={seed}",
+            # TRL saves nothing (save_strategy="no"); the main job's recovery checkpoint every
+            # 10 steps (weights + optimizer) would run on arealite's training clock
+            "recover.freq_steps=null", "stats_logger.tensorboard=false", *ALGORITHM, *a.override]
+
+
+def run_arealite(name: str, a: argparse.Namespace, model: Path, data: Path, experiment: str,
+                 max_steps: int, seed: int) -> dict[str, Any]:
+    from arealite.launcher.local import main as launch
+
+    trial = run_key(name, seed, a.seeds)
+    out = Path(a.fileroot) / experiment / trial
+    shutil.rmtree(out, ignore_errors=True)  # metrics.jsonl is appended to: start clean
+    out.mkdir(parents=True)
+    argv = arealite_argv(name, a, model, data, experiment, max_steps, seed, trial)
     print(f"== arealite {name} (load average {os.getloadavg()[0]:.1f}): arealite train {' '.join(argv)}", flush=True)
     t0 = time.monotonic()
     with open(out / "console.log", "w") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
         code = launch(argv)
     if code != 0:
-        raise SystemExit(f"arealite {name} failed (exit {code}); see {out / 'console.log'}")
+        raise SystemExit(f"arealite {trial} failed (exit {code}); see {out / 'console.log'}")
     print(f"   done in {time.monotonic() - t0:.0f}s (logs: {out / 'logs'})", flush=True)
     records = [json.loads(line) for line in (out / "logs" / "metrics.jsonl").read_text().splitlines() if line.strip()]
     return arealite_summary(records, a.target)
 
 
 def run_trl(a: argparse.Namespace, model: Path, data: Path, experiment: str, max_steps: int,
-            threads: int) -> dict[str, Any]:
-    out = Path(a.fileroot) / experiment / f"trl-{threads}t"
+            threads: int, seed: int) -> dict[str, Any]:
+    out = Path(a.fileroot) / experiment / run_key(f"trl-{threads}t", seed, a.seeds)
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     cmd = [a.trl_python, str(ROOT / "benchmarks" / "trl_grpo.py"), "--model", str(model), "--data", str(data),
            "--out", str(out / "result.json"), "--seconds", str(a.seconds), "--prompts", str(a.prompts),
            "--samples", str(a.samples), "--max-new-tokens", str(a.max_new_tokens), "--lr", str(a.lr),
            "--max-steps", str(max_steps), "--eval-every", str(a.eval_every),
-           "--eval-prompts", str(a.eval_prompts), "--threads", str(threads)]
+           "--eval-prompts", str(a.eval_prompts), "--threads", str(threads), "--seed", str(seed)]
     print(f"== TRL (load average {os.getloadavg()[0]:.1f}): {' '.join(cmd)}", flush=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": ""}
     t0 = time.monotonic()
@@ -298,14 +407,15 @@ def main(argv: list[str] | None = None) -> int:
     tag = a.tag or ("quick" if a.quick else "")
     experiment = "bench-vs-trl" + (f"-{tag}" if tag else "")
     runs: dict[str, dict[str, Any]] = {}
-    for name in a.systems:
-        if name == "trl":
-            for th in a.trl_threads:
-                runs[f"trl-{th}t"] = run_trl(a, model, data, experiment, max_steps, th)
-        else:
-            runs[name] = run_arealite(name, a, model, data, experiment, max_steps)
+    for seed in a.seeds:  # a seed's systems side by side, then the next seed
+        for name in a.systems:
+            if name == "trl":
+                for th in a.trl_threads:
+                    runs[run_key(f"trl-{th}t", seed, a.seeds)] = run_trl(a, model, data, experiment, max_steps, th, seed)
+            else:
+                runs[run_key(name, seed, a.seeds)] = run_arealite(name, a, model, data, experiment, max_steps, seed)
     print(f"\n{a.prompts} prompts x {a.samples} samples per step, max {a.max_new_tokens} new tokens, lr {a.lr}, "
-          f"{a.seconds:.0f} training seconds each; TRL torch threads {a.trl_threads}\n")
+          f"{a.seconds:.0f} training seconds each; TRL torch threads {a.trl_threads}; seeds {a.seeds}\n")
     print(table(runs, a.target))
     print()
     for line in headlines(runs, a.target):

@@ -113,3 +113,51 @@ def test_trl_thread_counts_and_the_best_trl_run():
     assert lines[0].startswith("arealite async / TRL seconds per step: 0.25x") and "2 threads" in lines[0]
     assert lines[1].startswith("arealite async / TRL time to 0.70 held-out accuracy: 0.25x") and "1 thread]" in lines[1]
     assert vs_trl.label("trl-2t") == "TRL GRPOTrainer, 2 threads" and "| TRL GRPOTrainer, 1 thread |" in vs_trl.table(runs, 0.7)
+
+
+def test_arealite_argv_shares_the_shape_and_seed_and_skips_recovery_checkpoints(tmp_path):
+    a = vs_trl.parse_args(["--seconds", "30", "--seeds", "3,2", "--override", "recover.freq_steps=5"])
+    assert a.seeds == [2, 3] and vs_trl.parse_args([]).seeds == [1]
+    with pytest.raises(SystemExit):
+        vs_trl.parse_args(["--seeds", "a"])
+    argv = vs_trl.arealite_argv("async", a, tmp_path / "m", tmp_path / "d", "exp", 750, 3, "async-s3")
+    assert argv[0] == str(vs_trl.CONFIGS["async"]) and "total_train_seconds=30.0" in argv
+    assert {"seed=3", "sglang.random_seed=3", "trial_name=async-s3", "gconfig.n_samples=8",
+            "gconfig.max_new_tokens=5", "actor.optimizer.lr=0.0002", "total_train_steps=750"} <= set(argv)
+    # arealite's algorithm choices for the comparison, before the overrides (which win)
+    assert "actor.adv_estimator=grpo" in vs_trl.ALGORITHM
+    assert argv[-1 - len(vs_trl.ALGORITHM):-1] == vs_trl.ALGORITHM
+    # TRL saves nothing: no recovery checkpoint on arealite's training clock, unless overridden
+    assert argv.index("recover.freq_steps=null") < argv.index("recover.freq_steps=5") == len(argv) - 1
+
+
+def test_several_seeds_report_each_seed_and_the_means():
+    assert vs_trl.run_key("async", 2, [1]) == "async" and vs_trl.run_key("trl-1t", 2, [1, 2]) == "trl-1t-s2"
+    assert vs_trl.split_key("trl-1t-s2") == ("trl-1t", 2) and vs_trl.split_key("sync") == ("sync", None)
+    assert vs_trl.label("async-s2") == "arealite async (eta=2), seed 2"
+
+    def trl(step_s, tta):
+        return vs_trl.finish({"steps": 10, "train_s": 10 * step_s, "phases": {},
+                              "curve": [(0.0, 0.3), (tta, 0.8)] if tta else [(0.0, 0.3)]}, 0.8)
+
+    runs = {"trl-1t-s1": trl(2.0, 20.0), "async-s1": trl(1.0, 8.0),
+            "trl-1t-s2": trl(2.0, 40.0), "async-s2": trl(1.0, 22.0)}
+    lines = vs_trl.headlines(runs, 0.8)
+    figs = {f.name: f for f in parse_figures("vs_trl", "\n".join(lines))}
+    # each seed's ratio (0.40x, 0.55x) is shown without a target; the means carry the targets
+    assert any(line.startswith("seed 1: arealite async / TRL time to 0.80 held-out accuracy: 0.40x (no target)")
+               for line in lines)
+    assert any(line.startswith("seed 2: arealite async / TRL time to 0.80 held-out accuracy: 0.55x") for line in lines)
+    mean = figs["arealite async / TRL time to 0.80 held-out accuracy (mean over seeds 1,2)"]
+    assert (mean.value, mean.met) == ("0.50x", True)  # (8 + 22) / (20 + 40)
+    assert figs["arealite async / TRL seconds per step (mean over seeds 1,2)"].value == "0.50x"
+    runs["async-s2"] = trl(1.0, None)  # ours missed it in one seed: its whole 10 s counts, a lower bound
+    last = vs_trl.headlines(runs, 0.8)[-1]
+    assert last.endswith("0.30x (target <= 0.5) [a lower bound: arealite async did not reach it in every seed]")
+    runs["async-s2"], runs["trl-1t-s1"] = trl(1.0, 22.0), trl(2.0, None)  # TRL missed it: an upper bound
+    last = vs_trl.headlines(runs, 0.8)[-1]
+    assert last.endswith("0.50x (target <= 0.5) [an upper bound: TRL did not reach it in every seed]")
+    runs["async-s2"] = trl(1.0, None)  # both sides missed it in some seed: no figure
+    last = vs_trl.headlines(runs, 0.8)[-1]
+    assert "not reached in every seed" in last and not parse_figures("vs_trl", last)
+    assert "| arealite async (eta=2), seed 2 |" in vs_trl.table(runs, 0.8)
