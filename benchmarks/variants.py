@@ -322,9 +322,7 @@ def page_section(path: Path = RESULTS / "variants.json") -> str:
     lines += ["", "Held-out greedy accuracy at fixed training seconds (noisy: see the load column "
               "and the note below):", "", r["seconds_table"], "",
               "Held-out greedy accuracy at fixed trainer steps (machine load does not bend these):",
-              "", r["steps_table"], "", "\n\n".join(r["notes"]), "",
-              "PPO with a learned critic (GAE) is not in the table: the GRPO entry script trains no "
-              "critic (`arealite/engine/ppo/critic.py` exists; nothing drives it)."]
+              "", r["steps_table"], "", "\n\n".join(r["notes"])]
     return "\n".join(lines)
 
 
