@@ -15,10 +15,12 @@ from benchmarks.preference_from_sft import QUICK, run
 # standard error of about 0.035. DPO: four short-form runs (seeds 1, 2, 3 and 1 again: the
 # server's batching makes sampling vary) reached 0.745, 0.750, 0.730 and 0.725 (+0.19 to
 # +0.215); the bar is about half the smallest rise. KTO: seeds 1-5 on one sampled set reached
-# 0.600, 0.635, 0.600, 0.635 and 0.665 (+0.065 to +0.13), while the failure this guards
-# against (beta 0.1, where the wrong answers' push never saturates) falls to 0.29-0.44.
+# 0.600, 0.635, 0.600, 0.635 and 0.665, four whole short-form runs (seed 1, sampled anew) 0.635,
+# 0.665, 0.585 and 0.605: +0.05 to +0.13, mean +0.085. The bar, +0.02, is below the smallest
+# of those nine; the failure it guards against (beta 0.1, where the wrong answers' push never
+# saturates) falls to 0.29-0.44.
 DPO_RISE = 0.10
-KTO_RISE = 0.03
+KTO_RISE = 0.02
 
 
 @pytest.mark.integration
