@@ -1,7 +1,8 @@
 """DPO and KTO from the main job's SFT start, on preferences sampled from that start.
 
     python -m benchmarks.preference_from_sft [--quick] [--fileroot DIR] [--seed N]
-                                             [--sft-weight A]
+                                             [--sft-weight A] [--kto-beta B]
+                                             [--kto-desirable-weight W]
 
 1. The main job's assets (tiny model, toy task, SFT warm start stopped at
    ``main_job.SFT_STOP_ACCURACY``) under ``{fileroot}/assets``, built as ``make run`` builds
@@ -10,10 +11,12 @@
    workflow (``RLVRWorkflow`` with the toy grader), ``samples`` completions at temperature 1
    for each of ``prompts`` training prompts (``QUICK`` / ``FULL`` below). DPO rows: ``chosen`` the right answer (the SFT
    target ``#### N``), ``rejected`` a wrong completion the SFT model sampled (prompts the model
-   never got wrong give no pair). KTO rows: every sample, labelled by the grader.
-3. ``arealite.trainer.dpo`` (``loss_type=sigmoid`` with ``sft_weight``, then ``kto`` with the
-   desirable weight that balances passed against failed samples), each from the SFT model,
-   which is also its frozen reference.
+   never got wrong give no pair). KTO rows: the same pairs unpaired (as TRL's
+   ``unpair_preference_dataset`` does): ``(prompt, chosen)`` desirable, ``(prompt, rejected)``
+   undesirable.
+3. ``arealite.trainer.dpo`` (``loss_type=sigmoid`` with ``sft_weight``, then ``kto`` with its
+   own ``kto_beta`` and ``kto_desirable_weight``), each from the SFT model, which is also its
+   frozen reference.
 4. Held-out greedy accuracy (the GRPO job's evaluation: ``rollout_stats.evaluate`` with greedy
    decoding, over the 200 held-out problems) of the SFT model and of each trained model, loaded
    into the same server from disk.
@@ -75,8 +78,9 @@ def greedy_accuracy(engine: Any, tokenizer: Any, rows: list[dict]) -> float:
 
 def sample_preferences(engine: Any, tokenizer: Any, rows: list[dict], n_samples: int,
                        seed: int = 0) -> tuple[list[dict], list[dict]]:
-    """``(dpo_rows, kto_rows)`` from ``n_samples`` sampled completions of each row's question,
-    graded by the toy reward (see the module comment)."""
+    """``(dpo_rows, passed)`` from ``n_samples`` sampled completions of each row's question,
+    graded by the toy reward (see the module comment); ``passed``: how many samples the grader
+    passed."""
     batch = engine.rollout_batch([dict(r) for r in rows], _workflow(tokenizer, n_samples, False))
     by_id = {r["id"]: r for r in rows}
     samples: dict[Any, list[tuple[str, bool]]] = defaultdict(list)
@@ -85,16 +89,20 @@ def sample_preferences(engine: Any, tokenizer: Any, rows: list[dict], n_samples:
         text = tokenizer.decode(ids[lm].tolist(), skip_special_tokens=True)
         samples[sid].append((text, reward > 0.5))
     rng = random.Random(seed)
-    dpo, kto = [], []
+    dpo = []
     for sid in sorted(samples):
         row = by_id[sid]
         wrong = [t for t, ok in samples[sid] if not ok]
         if wrong:
             dpo.append({"id": sid, "prompt": row["question"], "chosen": row["answer"],
                         "rejected": rng.choice(wrong)})
-        kto += [{"id": sid, "prompt": row["question"], "completion": t, "label": ok}
-                for t, ok in samples[sid]]
-    return dpo, kto
+    return dpo, sum(ok for s in samples.values() for _, ok in s)
+
+
+def unpaired(dpo_rows: list[dict]) -> list[dict]:
+    """KTO rows from DPO pairs: the chosen completion desirable, the rejected one not."""
+    return [{"id": r["id"], "prompt": r["prompt"], "completion": r[key], "label": key == "chosen"}
+            for r in dpo_rows for key in ("chosen", "rejected")]
 
 
 def _write(path: Path, rows: list[dict]) -> Path:
@@ -127,7 +135,8 @@ def train(loss_type: str, sft_model: Path, data: Path, out: Path, steps: int, ba
 
 
 def run(fileroot: Path, out: Path, *, prompts: int, samples: int, steps: int, batch_size: int,
-        lr: float, beta: float, seed: int, sft_weight: float = 1.0,
+        lr: float, beta: float, seed: int, sft_weight: float = 1.0, kto_beta: float = 5.0,
+        kto_desirable_weight: float = 1.33,
         kinds: tuple[str, ...] = ("sigmoid", "kto")) -> dict[str, Any]:
     """The whole benchmark; returns its figures (accuracies by model, set sizes, seconds)."""
     from transformers import AutoTokenizer
@@ -155,23 +164,23 @@ def run(fileroot: Path, out: Path, *, prompts: int, samples: int, steps: int, ba
         try:
             figures["accuracy"]["sft"] = greedy_accuracy(engine, tokenizer, valid)
             t = time.monotonic()
-            dpo_rows, kto_rows = sample_preferences(engine, tokenizer, train_rows, samples, seed)
+            dpo_rows, passed = sample_preferences(engine, tokenizer, train_rows, samples, seed)
             figures["seconds"]["sampling"] = time.monotonic() - t
-            figures["pairs"], figures["kto_rows"] = len(dpo_rows), len(kto_rows)
-            figures["kto_desirable"] = sum(r["label"] for r in kto_rows)
+            figures["samples"], figures["passed"] = prompts * samples, passed
+            figures["pairs"] = len(dpo_rows)
             data = {"sigmoid": _write(out / "data" / "dpo.jsonl", dpo_rows),
-                    "kto": _write(out / "data" / "kto.jsonl", kto_rows)}
+                    "kto": _write(out / "data" / "kto.jsonl", unpaired(dpo_rows))}
             # DPO: plus the chosen answers' NLL (RPO), without which the margin grows by lowering
-            # the right answers too and greedy accuracy falls (docs/algorithms.md). KTO: the
-            # desirable weight that balances the rows the grader passed against those it failed
-            # (the KTO paper's lambda_D n_D = lambda_U n_U).
-            n_good = max(figures["kto_desirable"], 1)
+            # the right answers too and greedy accuracy falls. KTO: a beta whose saturation
+            # scale (1/beta nats) the short run reaches, so the undesirable term stops once a
+            # wrong answer is below the reference point, and lambda_D n_D / lambda_U n_U = 1.33,
+            # the top of the KTO paper's range (docs/algorithms.md has the measurements).
             extra = {"sigmoid": [f"sft_weight={sft_weight}"],
-                     "kto": [f"desirable_weight={(len(kto_rows) - n_good) / n_good:.4f}"]}
+                     "kto": [f"desirable_weight={kto_desirable_weight}"]}
             for version, kind in enumerate(kinds, start=1):
                 t = time.monotonic()
-                model = train(kind, sft, data[kind], out, steps, batch_size, lr, beta, seed,
-                              extra[kind])
+                model = train(kind, sft, data[kind], out, steps, batch_size, lr,
+                              kto_beta if kind == "kto" else beta, seed, extra[kind])
                 figures["seconds"][kind] = time.monotonic() - t
                 meta = WeightUpdateMeta(type="disk", version=version, path=str(model))
                 meta.write_disk_marker()  # the files are complete: the server may load them
@@ -191,11 +200,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--sft-weight", type=float, default=None,
                    help="DPO's NLL weight on the chosen answers (default 1; 0: plain DPO)")
+    p.add_argument("--kto-beta", type=float, default=None, help="KTO's beta (default 5)")
+    p.add_argument("--kto-desirable-weight", type=float, default=None,
+                   help="KTO's desirable_weight (default 1.33; the undesirable weight is 1)")
     args = p.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: the server stops too
     settings = dict(QUICK if args.quick else FULL)
-    if args.sft_weight is not None:
-        settings["sft_weight"] = args.sft_weight
+    for key in ("sft_weight", "kto_beta", "kto_desirable_weight"):
+        if getattr(args, key) is not None:
+            settings[key] = getattr(args, key)
     fileroot = Path(args.fileroot)
     out = Path(args.out or fileroot / "preference_from_sft")
     f = run(fileroot, out, seed=args.seed, **settings)
@@ -212,8 +225,8 @@ def report(f: dict[str, Any]) -> str:
     acc = f["accuracy"]
     return "\n".join([
         "settings: " + ", ".join(f"{k}={v}" for k, v in f["settings"].items()),
-        f"sampled from the SFT model: {f['pairs']} DPO pairs, {f['kto_rows']} KTO rows "
-        f"({f['kto_desirable']} desirable)",
+        f"sampled from the SFT model: {f['samples']} samples, {f['passed']} passed; "
+        f"{f['pairs']} DPO pairs (KTO: {2 * f['pairs']} rows, half desirable)",
         "held-out greedy accuracy (200 problems): " + ", ".join(
             f"{k} {v:.3f}" + ("" if k == "sft" else f" ({v - acc['sft']:+.3f})")
             for k, v in acc.items()),
@@ -227,12 +240,13 @@ def page_section() -> str | None:
         return None
     f = json.loads(RESULT.read_text())
     return (f"`python -m benchmarks.preference_from_sft` (`{RESULT.relative_to(ROOT)}`; "
-            "`sigmoid` is DPO with `sft_weight`, `kto` KTO; what the figures mean and why DPO "
-            "needs the NLL term: docs/algorithms.md):\n\n```\n" + report(f) + "\n```")
+            "`sigmoid` is DPO with `sft_weight`, `kto` KTO with `kto_beta`; what the figures "
+            "mean, why DPO needs the NLL term and KTO a larger beta: docs/algorithms.md):\n\n```\n" + report(f) + "\n```")
 
 
-FULL = dict(prompts=1024, samples=4, steps=40, batch_size=32, lr=1e-4, beta=0.1, sft_weight=1.0)
-QUICK = dict(prompts=256, samples=4, steps=20, batch_size=32, lr=1e-4, beta=0.1, sft_weight=1.0)
+FULL = dict(prompts=1024, samples=4, steps=40, batch_size=32, lr=1e-4, beta=0.1, sft_weight=1.0,
+            kto_beta=5.0, kto_desirable_weight=1.33)
+QUICK = dict(FULL, prompts=256, steps=20)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -362,6 +362,10 @@ class GRPOConfig(BaseExperimentConfig):
     actor: PPOActorConfig = Field(
         default_factory=PPOActorConfig, description="The policy and its PPO loss.")
     ref: PPOActorConfig | None = Field(None, description="Frozen reference model (kl_ctl > 0).")
+    critic: PPOCriticConfig | None = Field(
+        None, description="Value model of PPO with GAE (actor.adv_estimator=gae), trained on "
+        "the returns each step; path empty: the actor's backbone under a fresh value head. "
+        "None: no critic (values 0).")
     rollout: InferenceEngineConfig = Field(
         default_factory=InferenceEngineConfig,
         description="The inference client, staleness gate and executor.")
@@ -401,6 +405,12 @@ class GRPOConfig(BaseExperimentConfig):
                              "reward_model (its client, e.g. `reward_model: {}`) too")
         if self.actor.kl_ctl > 0 and self.ref is None:
             raise ValueError("actor.kl_ctl > 0 needs a `ref` model")
+        if self.critic is not None and (self.actor.adv_estimator != "gae"
+                                        or self.launcher.colocate
+                                        or self.recover.mode != "disabled"):
+            raise ValueError("critic: needs actor.adv_estimator=gae (the only estimator that "
+                             "uses values), and is not offloaded by launcher.colocate nor saved "
+                             "in recovery checkpoints yet (recover.mode=disabled)")
         if self.actor.lora is not None and self.weight_update.type == "distributed":
             raise ValueError("actor.lora pushes only its adapter, through disk or in memory: "
                              "set weight_update.type=disk or tensor")

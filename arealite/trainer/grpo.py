@@ -1,9 +1,9 @@
 """GRPO: ``torchrun --nproc-per-node K -m arealite.trainer.grpo CONFIG [key=value ...]``.
 
-One step: rollout -> recompute logp -> ref logp -> advantages -> ppo_update -> pause, upload and
-update weights, resume, version + 1 -> save / recovery checkpoint / evaluate / log. The run
-ends after ``total_train_steps`` or, with ``total_train_seconds``, after the step that uses up
-the budget (evaluations excluded). Evaluation (``evaluator.eval_fn`` or mean greedy reward) runs
+One step: rollout -> recompute logp -> ref logp (-> critic values) -> advantages -> ppo_update
+(-> critic update) -> pause, upload and update weights, resume, version + 1 -> save / recovery
+checkpoint / evaluate / log. The run ends after ``total_train_steps`` or, with
+``total_train_seconds``, after the step that uses up the budget (evaluations excluded). Evaluation (``evaluator.eval_fn`` or mean greedy reward) runs
 with no training episode in flight and is timed as ``timeperf/eval``. Async
 (``prepare_batch``, trajectories at most ``max_head_offpolicyness`` versions old) and sync
 (``rollout_batch``) differ in that one call only; ``launcher.colocate`` (sync, servers on the
@@ -24,6 +24,7 @@ from arealite.api.io_struct import FinetuneSpec, SaveLoadMeta
 from arealite.api.workflow_factory import build_workflow
 from arealite.dataset.loader import create_dataloader, load_rows
 from arealite.engine.ppo.actor import FSDPPPOActor
+from arealite.engine.ppo.critic import FSDPPPOCritic
 from arealite.launcher.vllm_server import on_cpu
 from arealite.models.processor import vision_processor
 from arealite.rollout.data_cycle import DataCycle
@@ -82,6 +83,11 @@ def main(argv: list[str] | None = None) -> int:
     if config.ref is not None:
         ref = FSDPPPOActor(config.ref, config.device, config.dist_backend, config.seed)
         ref.initialize(None, None)
+    critic = None  # PPO with a learned baseline: GAE over its values, trained on the returns
+    if config.critic is not None:
+        critic = FSDPPPOCritic(config.critic.model_copy(update={"path": config.critic.path or config.actor.path}),
+                               config.device, config.dist_backend, config.seed)
+        critic.initialize(None, ft)
     # A reward-model pool, when configured: the training workflow scores through it.
     rm = RemoteRewardModelEngine(config.reward_model) if config.reward_model else None
     processor = vision_processor(config.actor.path)  # a vision-language model's workflow needs it
@@ -175,9 +181,13 @@ def main(argv: list[str] | None = None) -> int:
             if ref is not None:
                 batch["ref_logp"] = (phases.ref_logp(batch) if phases is not None
                                      else ref.compute_logp(batch))
+            if critic is not None:
+                batch["values"] = critic.compute_values(batch)
             actor.compute_advantages(batch)
         with timer("update"):
             stats = actor.ppo_update(batch)
+            if critic is not None:
+                stats.update(critic.ppo_update(batch))
         with timer("weight_sync"):
             if phases is not None:
                 phases.resume()
@@ -220,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
 
     logger.close()
     observers.close()
-    for engine in (rollout, eval_rollout, actor, *([rm] if rm is not None else [])):
+    for engine in (rollout, eval_rollout, actor, *(e for e in (rm, critic) if e is not None)):
         engine.destroy()
     return 0
 

@@ -56,6 +56,10 @@ def test_cross_field_checks():
         load_config(None, ["actor.kl_ctl=0.1"])
     with pytest.raises(ConfigError, match="recompute_logprob"):
         load_config(None, ["actor.recompute_logprob=false"])
+    for bad in ("actor.adv_estimator=grpo", "recover.mode=auto"):  # a critic's values need gae
+        with pytest.raises(ConfigError, match="critic"):
+            load_config(None, ["critic.optimizer.lr=1e-3", bad])
+    assert load_config(None, ["critic.optimizer.lr=1e-3"]).critic.optimizer.lr == 1e-3
 
 
 def test_every_field_has_a_description():

@@ -1,5 +1,6 @@
 """benchmarks/variants.py: its arguments, every variant's keys against the config schema, the
-tables from metrics records; and one real 2-step variant (one that overrides the defaults) through the launcher on the tiny model."""
+tables from metrics records; and one real 2-step variant through the launcher on the tiny model:
+PPO with a critic, so the GRPO entry script's value model trains there too."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ def test_args_defaults_and_errors():
     assert (q.seconds, q.points, q.eval_every, q.eval_prompts) == (20.0, [5.0, 10.0, 20.0], 5, 64)
     assert q.variants == ["grpo", "dapo"]
     assert vb.parse_args(["--seconds", "90"]).points == [30.0, 60.0, 90.0]
-    for bad in (["--variants", "grpo,ppo_gae"], ["--variants", ","], ["--seconds", "0"],
+    for bad in (["--variants", "grpo,nope"], ["--variants", ","], ["--seconds", "0"],
                 ["--points", "a,b"], ["--points", "0"], ["--minibatches", "0"],
                 ["--override", "actor.eps_clip"]):
         with pytest.raises(SystemExit) as e:
@@ -37,10 +38,12 @@ def test_every_variant_is_a_valid_config(name):
 
     over = vb.variant_overrides(name, 10)
     assert all("{" not in o for o in over)
-    actor = load_config(str(vb.CONFIG), over).actor
+    config = load_config(str(vb.CONFIG), over)
     for o in over:
-        key, value = o.removeprefix("actor.").split("=")
-        got = getattr(actor, key)
+        key, value = o.split("=")
+        got = config
+        for part in key.split("."):
+            got = getattr(got, part)
         assert str(got).lower() == value or float(got) == float(value), (key, got, value)
 
 
@@ -93,7 +96,7 @@ def test_noise_gap_is_the_widest_gap_within_a_pair_of_equal_updates():
 @pytest.mark.timeout(300)
 def test_one_variant_quick(tmp_path, tiny_model_dir, toy_data_dir):
     results = tmp_path / "results"
-    cmd = [sys.executable, "-m", "benchmarks.variants", "--quick", "--variants", "cispo",
+    cmd = [sys.executable, "-m", "benchmarks.variants", "--quick", "--variants", "ppo_gae",
            "--seconds", "120", "--max-steps", "2", "--eval-every", "1", "--eval-prompts", "4",
            "--points", "0.001", "--prompts", "2", "--samples", "2",
            "--model-path", str(tiny_model_dir), "--data-dir", str(toy_data_dir),
@@ -106,12 +109,14 @@ def test_one_variant_quick(tmp_path, tiny_model_dir, toy_data_dir):
         out = log_tail(log, 60)
     assert code == 0, out
     num = r"\d\.\d\d"
-    for name in ("cispo",):  # both tables, each with an accuracy per column
+    for name in ("ppo_gae",):  # both tables, each with an accuracy per column
         assert re.search(rf"\| {name} \| {num} \| 2 \| \d+\.\d{{3}} \| \d+\.\d \|", out), out
         assert re.search(rf"\| {name} \| {num} \| {num} \| {num} \| {num} \| - \|", out), out
     r = json.loads((results / "variants_t.json").read_text())
-    assert set(r["runs"]) == {"cispo"}
-    assert r["overrides"]["cispo"] == vb.variant_overrides("cispo", 10)
+    assert set(r["runs"]) == {"ppo_gae"}
+    assert r["overrides"]["ppo_gae"] == vb.variant_overrides("ppo_gae", 10)
+    logs = [json.loads(x) for x in next((tmp_path / "out").rglob("metrics.jsonl")).read_text().splitlines()]
+    assert [x["step"] for x in logs if "value_loss" in x] == [1, 2]  # the critic trained each step
     for s in r["runs"].values():
         assert s["steps"] == 2 and s["train_s"] > 0 and [c[0] for c in s["curve"]] == [0, 1, 2]
         assert all(0.0 <= c[2] <= 1.0 for c in s["curve"]) and s["load_mean"] >= 0
