@@ -18,8 +18,12 @@ COLOURS: dict[str, tuple[int, int, int]] = {
     "red": (220, 30, 30), "green": (30, 180, 30), "blue": (30, 60, 220),
 }
 SHAPES = ("circle", "square", "triangle")
-IMAGE_SIZE = 64  # pixels per side: 8 x 8 patches of 8 pixels for the tiny model's processor
-GRID = 2  # shapes sit in the cells of a GRID x GRID layout (a cell: 4 x 4 patches)
+# pixels per side: 4 x 4 patches of 8 pixels for the tiny model's processor, 2 x 2 image tokens
+# after its 2 x 2 merge, so each cell of the grid below is exactly one image token. With 64-pixel
+# scenes (a shape spread over parts of four tokens) the tiny model had not learned to look at
+# the image after 1000 SFT steps; with 32 it does after about 600 (docs/vision.md).
+IMAGE_SIZE = 32
+GRID = 2  # shapes sit in the cells of a GRID x GRID layout (a cell: 2 x 2 patches, one token)
 MAX_SHAPES = 4
 
 

@@ -1,8 +1,9 @@
 """Supervised fine-tuning entry script: ``torchrun -m arealite.trainer.sft CONFIG [k=v ...]``.
 
 Trains on (prompt, completion) rows with the completion-token NLL, evaluates held-out loss and
-greedy exact-match accuracy (teacher forced: the greedy completion equals the reference iff the
-argmax at every completion position is the reference token), and saves an HF model. With
+greedy exact-match accuracy before the first step (logged as step 0) and then every
+``evaluator`` period (teacher forced: the greedy completion equals the reference iff the argmax
+at every completion position is the reference token), and saves an HF model. With
 ``stop_at_valid_accuracy`` it stops as soon as held-out accuracy reaches that value: the main job
 uses this to warm-start a policy that is good at the format but far from solving the task.
 """
@@ -60,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     logger = StatsLogger(config.stats_logger, config.run_dir("logs"), total_steps=total)
     eval_ctl = FreqController.from_config(config.evaluator)
     step, reached = 0, False
+    if valid_rows:  # the starting point: where held-out accuracy rises from
+        logger.commit(0, evaluate(engine, config, processor or tokenizer, valid_rows))
     for epoch in range(config.total_train_epochs):
         loader.sampler.set_epoch(epoch)
         for rows in loader:

@@ -203,7 +203,8 @@ def test_vision_sft_batch_trains_with_images(tiny_vl_model_dir, toy_vision_dir):
     proc = load_processor(tiny_vl_model_dir)
     batch = build_vision_sft_batch(proc, [r["question"] for r in rows], [r["images"] for r in rows],
                                    [r["answer"] for r in rows])
-    assert batch["pixel_values"].shape[0] == 8 and batch["image_token_mask"].sum() == 8 * 16
+    # 4 image tokens a row: a 32x32 scene is 2x2 merged patches
+    assert batch["pixel_values"].shape[0] == 8 and batch["image_token_mask"].sum() == 8 * 4
     e = FSDPLMEngine(engine_config(tiny_vl_model_dir, max_tokens_per_mb=128), device="cpu",
                      backend="gloo")
     e.initialize(None, FinetuneSpec(total_train_epochs=1, dataset_size=80, train_batch_size=8))

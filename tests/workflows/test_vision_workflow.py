@@ -54,11 +54,12 @@ def batch_and_processor(rollout, tiny_vl_model_dir, toy_vision_dir):
 def test_trajectories_carry_images(batch_and_processor):
     batch, processor = batch_and_processor
     B = batch["input_ids"].shape[0]
-    assert B == 6 and batch["pixel_values"].shape == (B, 64 * 384)
-    assert batch["image_grid_thw"].tolist() == [[1, 8, 8]] * B
+    # a 32x32 scene: 4x4 patches of 8 pixels (D = 3 x 2 x 8 x 8 = 384), 2x2 tokens after the merge
+    assert B == 6 and batch["pixel_values"].shape == (B, 16 * 384)
+    assert batch["image_grid_thw"].tolist() == [[1, 4, 4]] * B
     image_id = processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
     assert torch.equal(batch["image_token_mask"], batch["input_ids"] == image_id)
-    assert batch["image_token_mask"].sum(1).tolist() == [16] * B
+    assert batch["image_token_mask"].sum(1).tolist() == [4] * B
     assert set(batch["rewards"].tolist()) <= {0.0, 1.0}
 
 
