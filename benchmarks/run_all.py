@@ -61,8 +61,8 @@ KNOWN["vs_trl"] = (
     "main job's task, one after the other: same SFT warm start, grader, greedy held-out "
     "evaluation, prompts x samples per step, max new tokens and learning rate; each trains for "
     "the same training seconds (evaluations excluded). arealite runs TRL's estimator (grpo) with "
-    "PPO's clip against the behaviour logprobs (decoupled loss off: vs_trl.ALGORITHM) and no "
-    "recovery checkpoints. Seconds per step, held-out accuracy against training seconds, "
+    "PPO's clip against the behaviour logprobs (decoupled loss off: vs_trl.ALGORITHM), weight "
+    "pushes that pause generation in place, and no recovery checkpoints. Seconds per step, held-out accuracy against training seconds, "
     "training seconds to the target accuracy; ratios arealite / TRL (with --seeds: per seed and "
     "of the means).")
 HELPERS = {"__init__", "run_all", "report", "rl_metrics", "longtail_workflow", "run_probes", "trl_grpo"}

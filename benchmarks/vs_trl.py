@@ -24,8 +24,9 @@ seed). Each system trains for ``--seconds`` of training time (evaluations exclud
   the cores split between them, eta = 2); ``sync``: ``configs/toy_grpo_sync.yaml`` (eta = 0).
   Both with ``ALGORITHM`` (below): TRL's estimator (``adv_estimator=grpo``) and PPO's clip
   against the behaviour logprobs (``use_decoupled_loss=false, recompute_logprob=false``)
-  instead of the main job's batch-normalised advantages and decoupled loss; and without the main
-  job's recovery checkpoint every 10 steps (TRL saves nothing).
+  instead of the main job's batch-normalised advantages and decoupled loss; weight pushes that
+  pause generation in place (``rollout.pause_mode=in_place``) rather than abort it; and without
+  the main job's recovery checkpoint every 10 steps (TRL saves nothing).
 
 Figures per system: steps, seconds per step (training seconds / steps), the phase times,
 held-out accuracy against training seconds, and the training seconds to the first evaluation at
@@ -327,7 +328,11 @@ def arealite_argv(name: str, a: argparse.Namespace, model: Path, data: Path, exp
             f"actor.optimizer.lr={a.lr}", f"seed={seed}", f"sglang.random_seed={seed}",
             # TRL saves nothing (save_strategy="no"); the main job's recovery checkpoint every
             # 10 steps (weights + optimizer) would run on arealite's training clock
-            "recover.freq_steps=null", "stats_logger.tensorboard=false", *ALGORITHM, *a.override]
+            "recover.freq_steps=null", "stats_logger.tensorboard=false",
+            # a weight push pauses generation in place (requests wait in the batch and go on
+            # under the new weights, each token keeping its version) instead of aborting and
+            # re-prefilling them: the clip reads each token's own behaviour logprob either way
+            "rollout.pause_mode=in_place", *ALGORITHM, *a.override]
 
 
 def run_arealite(name: str, a: argparse.Namespace, model: Path, data: Path, experiment: str,

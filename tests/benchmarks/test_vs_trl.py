@@ -129,6 +129,8 @@ def test_arealite_argv_shares_the_shape_and_seed_and_skips_recovery_checkpoints(
     assert argv[-1 - len(vs_trl.ALGORITHM):-1] == vs_trl.ALGORITHM
     # TRL saves nothing: no recovery checkpoint on arealite's training clock, unless overridden
     assert argv.index("recover.freq_steps=null") < argv.index("recover.freq_steps=5") == len(argv) - 1
+    # weight pushes pause generation in place (no abort and re-prefill)
+    assert "rollout.pause_mode=in_place" in argv
 
 
 def test_several_seeds_report_each_seed_and_the_means():
