@@ -9,7 +9,7 @@ A trajectory row with images adds (``image_keys``):
 
 - ``pixel_values``     ``[B, N*D]`` float32  the row's N patches of size D, flattened
 - ``image_grid_thw``   ``[B, 3*K]`` int64    (t, h, w) of each of the row's K images
-- ``image_token_mask`` ``[B, S]``   bool     True on the prompt's image tokens
+- ``image_token_mask`` ``[B, S]``   bool     True on the prompt's image tokens (never the completion's)
 
 Both per-row image keys are right-padded with zeros when rows are concatenated (a zero grid is
 no image); the trainer's packing (``arealite.engine.vision_pack``) reads them.
@@ -51,7 +51,11 @@ def encode_vision_prompt(processor: Any, question: str, images: list,
 
 def image_keys(encs: list[dict], image_token_id: int, input_ids: torch.Tensor
                ) -> dict[str, torch.Tensor]:
-    """The image keys of a padded trajectory, one processor output per row."""
+    """The image keys of a padded trajectory, one processor output per row (its prompt).
+
+    ``image_token_mask`` marks the image tokens of each row's prompt only: a completion that
+    samples the image token id is ordinary text (no image is behind it), as it is to the server
+    that sampled it."""
     width = max(int(e["pixel_values"].numel()) for e in encs)
     gwidth = max(int(e["image_grid_thw"].numel()) for e in encs)
     pixels = torch.zeros(len(encs), width)
@@ -61,5 +65,7 @@ def image_keys(encs: list[dict], image_token_id: int, input_ids: torch.Tensor
         pixels[b, : flat.numel()] = flat
         g = e["image_grid_thw"].long().reshape(-1)
         grids[b, : g.numel()] = g
+    prompt_lens = torch.tensor([int(e["input_ids"].shape[-1]) for e in encs])
+    in_prompt = torch.arange(input_ids.shape[1])[None] < prompt_lens[:, None]
     return {"pixel_values": pixels, "image_grid_thw": grids,
-            "image_token_mask": input_ids == image_token_id}
+            "image_token_mask": (input_ids == image_token_id) & in_prompt}

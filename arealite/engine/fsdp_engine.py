@@ -26,6 +26,7 @@ to that same token (see ``arealite.utils.data``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -49,7 +50,7 @@ from arealite.engine import lora, segment_attention
 from arealite.engine.attn_impl import LAYOUT_IMPLS, resolve_attn_impl
 from arealite.engine.prefix_pack import group_units, share_prefixes, shared_sizes
 from arealite.engine.tensor_upload import upload_by_reference
-from arealite.engine.vision_pack import VISION_KEYS, pack_images, patch_dim
+from arealite.engine.vision_pack import VISION_KEYS, image_placeholders, pack_images, patch_dim
 from arealite.engine.weight_upload import DistributedUploader, disk_checksums, param_specs
 from arealite.utils import checkpoint as ckpt
 from arealite.utils.data import (
@@ -284,18 +285,21 @@ class FSDPEngine(TrainEngine):
         pos = packed["position_ids"][None]
         cu = packed["cu_seqlens"]
         kwargs: dict[str, Any] = {}
+        placeholders = contextlib.nullcontext()
         if "rope_position_ids" in packed:
             # text positions first, then the M-RoPE axes: transformers' layout for packed rows
             pos = torch.cat([pos[None], packed["rope_position_ids"][:, None]])
             if "pixel_values" in packed:
                 kwargs.update(pixel_values=packed["pixel_values"],
                               image_grid_thw=packed["image_grid_thw"])
+                placeholders = image_placeholders(model.model, packed["image_token_mask"])
         if "segment_layout" in packed:
             ids = packed.get("shared_input_ids", packed["input_ids"])[None]
             if "rope_position_ids" not in packed:  # (no shared prompts with images)
                 pos = packed.get("shared_position_ids", packed["position_ids"])[None]
-            out = model(input_ids=ids, position_ids=pos, use_cache=False,
-                        segment_layout=packed["segment_layout"], **kwargs)
+            with placeholders:
+                out = model(input_ids=ids, position_ids=pos, use_cache=False,
+                            segment_layout=packed["segment_layout"], **kwargs)
             logits = out.logits[0]
             if "expand_index" in packed:  # back to the ordinary packed layout
                 logits = logits.index_select(0, packed["expand_index"])
@@ -309,7 +313,9 @@ class FSDPEngine(TrainEngine):
             mask = block_causal_mask(cu, ids.shape[1], dtype=self.compute_dtype)
         else:
             mask = block_causal_mask(cu, ids.shape[1], dtype=torch.bool)
-        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False, **kwargs)
+        with placeholders:
+            out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
+                        **kwargs)
         return out.logits[0]
 
     # ------------------------------------------------------------------ training

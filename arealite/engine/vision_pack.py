@@ -11,7 +11,8 @@ own (``get_rope_index``) for that row alone, so a row sees the positions it woul
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -21,8 +22,9 @@ VISION_KEYS = ("pixel_values", "image_grid_thw", "image_token_mask")
 
 
 def pack_images(mb: TensorDict, patch_dim: int, rope_index: Callable) -> TensorDict:
-    """``pixel_values [P, D]``, ``image_grid_thw [K, 3]`` and ``rope_position_ids [3, T]`` of a
-    padded micro-batch ``mb`` (T: its real tokens, packed in row order)."""
+    """``pixel_values [P, D]``, ``image_grid_thw [K, 3]``, ``rope_position_ids [3, T]`` and
+    ``image_token_mask [T]`` of a padded micro-batch ``mb`` (T: its real tokens, packed in row
+    order)."""
     lens = mb["attention_mask"].sum(1).tolist()
     pixels, grids, ropes = [], [], []
     for b, n in enumerate(lens):
@@ -38,11 +40,36 @@ def pack_images(mb: TensorDict, patch_dim: int, rope_index: Callable) -> TensorD
             ropes.append(pos[:, 0])
         else:
             ropes.append(torch.arange(n, device=ids.device).expand(3, -1))
-    out: TensorDict = {"rope_position_ids": torch.cat(ropes, dim=1)}
+    masks = [mb["image_token_mask"][b, :n] for b, n in enumerate(lens)]
+    out: TensorDict = {"rope_position_ids": torch.cat(ropes, dim=1),
+                       "image_token_mask": torch.cat(masks)}
     if pixels:
         out["pixel_values"] = torch.cat(pixels)
         out["image_grid_thw"] = torch.cat(grids)
     return out
+
+
+@contextmanager
+def image_placeholders(vl_model, mask: torch.Tensor) -> Iterator[None]:
+    """Within the block, ``vl_model`` (a Qwen2-VL-family base model) places image features on
+    ``mask`` (``[T]``: the packed prompts' image tokens), not on every token whose id is the image
+    token's. transformers' own placeholder mask is ``input_ids == image_token_id``: a completion
+    that sampled that id would take an image feature that does not exist (a count mismatch), where
+    the server that sampled it embedded it as an ordinary token."""
+
+    def placeholder_mask(input_ids, inputs_embeds, image_features=None, video_features=None):
+        m = mask.to(inputs_embeds.device).view(inputs_embeds.shape[:-1])
+        if image_features is not None and int(m.sum()) * inputs_embeds.shape[-1] != image_features.numel():
+            raise ValueError(f"{int(m.sum())} image tokens in the packed prompts but image features "
+                             f"for {image_features.numel() // inputs_embeds.shape[-1]}")
+        none = torch.zeros_like(m)
+        return m[..., None].expand_as(inputs_embeds), none[..., None].expand_as(inputs_embeds)
+
+    vl_model.get_placeholder_mask = placeholder_mask
+    try:
+        yield
+    finally:
+        del vl_model.get_placeholder_mask  # back to the class's method
 
 
 def patch_dim(hf_config) -> int:

@@ -79,3 +79,59 @@ def test_trainer_logprobs_equal_the_servers(batch_and_processor, tiny_vl_model_d
     assert int(mask.sum()) > 0
     diff = (logp - batch["logprobs"])[mask].abs().max().item()
     assert diff < 1e-5, diff
+
+
+def _reference_logprobs_with_prompt_images(model_dir, batch) -> torch.Tensor:
+    """Each row alone through transformers, the image features placed by hand on the prompt's
+    image tokens only (``image_token_mask``) and the rope positions computed from that mask."""
+    from transformers import Qwen2VLForConditionalGeneration
+
+    model = Qwen2VLForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
+    out = torch.zeros(batch["input_ids"].shape)
+    with torch.no_grad():
+        for b in range(batch["input_ids"].shape[0]):
+            n = int(batch["attention_mask"][b].sum())
+            ids = batch["input_ids"][b, :n][None]
+            mask = batch["image_token_mask"][b, :n][None]
+            grid = batch["image_grid_thw"][b].view(-1, 3)
+            pixels = batch["pixel_values"][b].view(int(grid.prod(-1).sum()), -1)
+            embeds = model.get_input_embeddings()(ids)
+            feats = torch.cat(model.model.get_image_features(pixels, grid).pooler_output)
+            embeds[mask] = feats
+            pos, _ = model.model.get_rope_index(ids, mask.int(), image_grid_thw=grid)
+            logits = model(inputs_embeds=embeds, position_ids=pos).logits[0].float()
+            logp = torch.log_softmax(logits[:-1], -1).gather(-1, ids[0, 1:, None])[:, 0]
+            out[b, 1:n] = logp
+    return out
+
+
+def test_a_completion_that_samples_the_image_token_is_text(batch_and_processor, tiny_vl_model_dir):
+    """A sampled ``<|image_pad|>`` in a completion is an ordinary token, as it is to the server:
+    the image mask keeps to the prompt, and the trainer's packed forward (several rows' images in
+    one micro-batch) gives the same logprobs as a per-row reference with the images placed by
+    hand (transformers alone would count the completion's token as an image placeholder)."""
+    batch, processor = batch_and_processor
+    image_id = processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    batch = {k: v.clone() for k, v in batch.items()}
+    # rows 0 and 3: their first generated token becomes the image token id
+    for b in (0, 3):
+        first = int(batch["loss_mask"][b].nonzero()[0])
+        batch["input_ids"][b, first] = image_id
+    from arealite.api.vision_io import image_keys
+    encs = [{"pixel_values": batch["pixel_values"][b][None], "image_grid_thw":
+             batch["image_grid_thw"][b][None],
+             "input_ids": torch.zeros(1, int(batch["loss_mask"][b].nonzero()[0]))}
+            for b in range(batch["input_ids"].shape[0])]
+    keys = image_keys(encs, image_id, batch["input_ids"])
+    assert torch.equal(keys["image_token_mask"], batch["image_token_mask"])
+    assert int((batch["input_ids"] == image_id).sum()) == int(batch["image_token_mask"].sum()) + 2
+    eng = FSDPEngine(engine_config(tiny_vl_model_dir, attn_impl="segments", max_tokens_per_mb=80,
+                                   optimizer=None), device="cpu", backend="gloo")
+    eng.initialize(ft_spec=FinetuneSpec(total_train_epochs=1, dataset_size=4, train_batch_size=2))
+    try:
+        logp = eng.forward(batch)
+    finally:
+        eng.destroy()
+    ref = _reference_logprobs_with_prompt_images(str(tiny_vl_model_dir), batch)
+    mask = batch["loss_mask"].bool()
+    assert (logp - ref)[mask].abs().max().item() < 1e-5
