@@ -301,6 +301,9 @@ class SaveLoadMeta:
     weight_format: Literal["hf", "dcp"] = "hf"
     with_optim: bool = False
     tokenizer: Any | None = None  # saved beside HF weights when given
+    # a vision-language model's processor: its image processor is saved beside HF weights too,
+    # so the checkpoint loads with AutoProcessor and serves as a model directory
+    processor: Any | None = None
     base_model_path: str | None = None
 
 

@@ -445,7 +445,7 @@ class FSDPEngine(TrainEngine):
                 meta.tokenizer.save_pretrained(str(meta.path))
             dist.barrier(group=self.dp_group)
         elif meta.weight_format == "hf":
-            ckpt.save_hf(model, meta.path, tokenizer=meta.tokenizer)
+            ckpt.save_hf(model, meta.path, tokenizer=meta.tokenizer, processor=meta.processor)
         elif meta.weight_format == "dcp":
             extra = {
                 "version": self.clock.value,

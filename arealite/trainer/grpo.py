@@ -201,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
         out_of_time = bool(config.total_train_seconds) and rank0_decides(clock.elapsed() >= config.total_train_seconds)
         last = step + 1 == total_steps or out_of_time
         if saver.check(epochs=epoch_done, steps=1) or last:
-            actor.save(SaveLoadMeta(str(config.run_dir("checkpoints", f"step{step + 1}")), "hf", tokenizer=tokenizer))
+            actor.save(SaveLoadMeta(str(config.run_dir("checkpoints", f"step{step + 1}")), "hf",
+                                    tokenizer=tokenizer, processor=processor))
         stats.update(rollout.idle_stats())
         eval_secs = 0.0
         if keep is not None:

@@ -79,9 +79,8 @@ def main(argv: list[str] | None = None) -> int:
                 break
         if step >= total or reached:
             break
-    engine.save(SaveLoadMeta(out_dir, "hf", tokenizer=tokenizer))
-    if processor is not None and rank == 0:  # servers and workflows load it from the model dir
-        processor.image_processor.save_pretrained(out_dir)
+    # servers and workflows load the processor from the model dir
+    engine.save(SaveLoadMeta(out_dir, "hf", tokenizer=tokenizer, processor=processor))
     if rank == 0:
         print(f"SFT done after {step} steps; model saved to {out_dir}", flush=True)
     logger.close()

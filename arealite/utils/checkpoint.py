@@ -48,8 +48,10 @@ def save_hf(
     model: nn.Module,
     path: str | os.PathLike,
     tokenizer: Any | None = None,
+    processor: Any | None = None,
 ) -> dict[str, torch.Tensor] | None:
-    """Write an HF directory at ``path`` in the training dtype (collective; rank 0 writes).
+    """Write an HF directory at ``path`` in the training dtype (collective; rank 0 writes),
+    with ``tokenizer`` and ``processor.image_processor`` (a vision-language model's) when given.
     Returns the full state dict written on rank 0 (None elsewhere), e.g. to checksum it."""
     sd = full_state_dict(model, cpu_offload=True)
     if _rank() == 0:
@@ -64,6 +66,8 @@ def save_hf(
             gen.save_pretrained(str(out))
         if tokenizer is not None:
             tokenizer.save_pretrained(str(out))
+        if processor is not None:  # ProcessorMixin.save_pretrained would want a video processor
+            processor.image_processor.save_pretrained(str(out))
     _barrier()
     return sd if _rank() == 0 else None
 

@@ -191,8 +191,10 @@ def test_disk_upload_writes_marker_last(engine, tmp_path):
     assert not (tmp_path / "w" / "arealite_weights_ready.json.tmp").exists()
 
 
-def test_vision_sft_batch_trains_with_images(tiny_vl_model_dir, toy_vision_dir):
-    """SFT rows with images: the loss falls on a fixed batch, and the images matter to it."""
+def test_vision_sft_batch_trains_with_images(tiny_vl_model_dir, toy_vision_dir, tmp_path):
+    """SFT rows with images: the loss falls on a fixed batch, and the images matter to it; the
+    saved model directory carries the processor (it loads with ``load_processor`` and encodes a
+    row as the original does)."""
     import json
 
     from arealite.engine.sft.lm_engine import FSDPLMEngine
@@ -215,5 +217,12 @@ def test_vision_sft_batch_trains_with_images(tiny_vl_model_dir, toy_vision_dir):
         for _ in range(5):
             e.train_lm(batch)
         assert e.evaluate_lm(batch) < first
+        e.save(SaveLoadMeta(path=str(tmp_path / "hf"), weight_format="hf", tokenizer=proc.tokenizer,
+                            processor=proc))
     finally:
         e.destroy()
+    saved = load_processor(tmp_path / "hf")
+    again = build_vision_sft_batch(saved, [r["question"] for r in rows], [r["images"] for r in rows],
+                                   [r["answer"] for r in rows])
+    assert torch.equal(again["input_ids"], batch["input_ids"])
+    assert torch.equal(again["pixel_values"], batch["pixel_values"])
