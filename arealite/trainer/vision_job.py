@@ -3,7 +3,8 @@ RL on CPU.
 
 1. builds the tiny Qwen2-VL (``arealite tiny-model --vision``) and the toy visual counting task
    (``{fileroot}/vision_assets``) when missing;
-2. warm-starts the policy by SFT on (image, question) -> answer rows, a fixed number of steps;
+2. warm-starts the policy by SFT on (image, question) -> answer rows, until held-out accuracy
+   reaches the SFT config's ``stop_at_valid_accuracy``;
 3. runs async GRPO (``configs/toy_vision_grpo.yaml``): ``VisionRLVRWorkflow`` sends each
    prompt's image to the embedded servers as SGLang's ``image_data``;
 4. draws the reward and held-out accuracy curve.
@@ -29,7 +30,7 @@ def build_assets(assets: Path) -> None:
     if not (assets / "tiny_model" / "config.json").is_file():
         build_tiny_model(assets / "tiny_model", TinyModelSpec(vision=True))
     if not (assets / "toy_vision" / "valid.jsonl").is_file():
-        write_toy_vision(assets / "toy_vision", n_train=3000, n_valid=200, seed=0)
+        write_toy_vision(assets / "toy_vision", n_train=3000, n_valid=500, seed=0)
 
 
 def asset_overrides(assets: Path, model_key: str) -> list[str]:
