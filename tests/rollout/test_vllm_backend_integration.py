@@ -64,6 +64,16 @@ def vllm_pool(tiny_model_dir):
                 os.environ[k] = v
 
 
+def generated_tokens(addrs: list[str]) -> float:
+    """Tokens the pool's vLLM servers have generated so far (their Prometheus counter)."""
+    total = 0.0
+    for a in addrs:
+        for line in requests.get(f"http://{a}/metrics", timeout=5).text.splitlines():
+            if line.startswith("vllm:generation_tokens_total"):
+                total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
 def make_engine(addrs, **kw) -> RemoteSGLangEngine:
     cfg = InferenceEngineConfig(setup_timeout=60, request_timeout=120, weight_update_timeout=60,
                                 **kw)
@@ -166,8 +176,15 @@ def test_pause_disk_update_resume_keeps_per_token_versions(vllm_pool, tiny_model
         meta.write_disk_marker()
         n = 400  # prompt + n < --max-model-len 512
         reqs = [request(f"cut{i}", n, prompt=[5, 6, 7 + i]) for i in range(4)]
+        base = generated_tokens(vllm_pool.addrs)
         fut = start_all(eng, reqs)
-        time.sleep(1.0)
+        # the update goes out once vLLM has generated some of the tokens, not after a fixed
+        # sleep: on a quiet machine the 4 x 400 tokens took under a second, and a 1 s sleep
+        # let every request finish before the pause (no cut)
+        deadline = time.monotonic() + 60
+        while (generated_tokens(vllm_pool.addrs) - base < 4 * len(reqs) and not fut.done()
+               and time.monotonic() < deadline):
+            time.sleep(0.005)
         t0 = time.monotonic()
         eng.update_weights(meta).result(60)
         update_s = time.monotonic() - t0
