@@ -62,7 +62,7 @@ $(VLLM_STAMP): Makefile
 	$(VLLM_VENV)/bin/python -c "import vllm; print('vllm', vllm.__version__)"
 	touch $(VLLM_STAMP)
 
-# TRL's GRPOTrainer for benchmarks/vs_trl.py: its own virtualenv (TRL pins its own transformers
+# TRL's GRPOTrainer for benchmarks/studies/vs_trl.py: its own virtualenv (TRL pins its own transformers
 # range and datasets); torch first, so the pinned list cannot pull another torch. Not part of
 # `make test`.
 setup-trl: $(TRL_STAMP)
@@ -106,7 +106,7 @@ docs: $(STAMP)
 	$(PY) -m arealite.cli.gen_config_docs > docs/config.md
 
 bench: $(STAMP) $(TRL_STAMP)
-	$(PY) -m benchmarks.run_all --quick
+	$(PY) -m benchmarks.harness.run_all --quick
 
 # A real Prometheus (Debian's package; root installs it) against a short run of the main job:
 # every server and the trainer scraped, every query of deploy/grafana's dashboard returns data.
@@ -114,7 +114,7 @@ OBSERVE_ARGS ?=
 observe: $(STAMP)
 	@test "$$(id -u)" = 0 || command -v prometheus >/dev/null || { echo "make observe: run as root (it installs Debian's prometheus)"; exit 2; }
 	command -v prometheus >/dev/null || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y prometheus; }
-	$(PY) -m benchmarks.observe $(OBSERVE_ARGS)
+	$(PY) -m benchmarks.studies.observe $(OBSERVE_ARGS)
 
 clean:
 	rm -rf $(VENV) $(AREAL_VENV) $(VLLM_VENV) $(TRL_VENV) outputs .pytest_cache .ruff_cache

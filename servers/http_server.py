@@ -18,22 +18,20 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from servers import (
-    control_routes,
-    embedding_route,
-    generate_route,
-    lora_routes,
-    memory_occupation,
-    openai_routes,
-    openapi_schema,
-    tensor_update,
-    weights_checker,
-)
-from servers.auth import ApiKeyMiddleware
-from servers.metrics import CONTENT_TYPE, render_metrics, server_registry
-from servers.request import SamplingParams
-from servers.sequence import Sequence
+from servers.engine.sequence import Sequence
+from servers.protocol import openapi_schema
+from servers.protocol.auth import ApiKeyMiddleware
+from servers.protocol.request import SamplingParams
+from servers.routes import control as control_routes
+from servers.routes import embedding as embedding_route
+from servers.routes import generate as generate_route
+from servers.routes import lora as lora_routes
+from servers.routes import memory_occupation
+from servers.routes import openai as openai_routes
+from servers.routes.metrics import CONTENT_TYPE, render_metrics, server_registry
 from servers.state import ServerState
+from servers.weights import checker as weights_checker
+from servers.weights import tensor_update
 
 logger = logging.getLogger(__name__)
 HEALTH_CHECK_TIMEOUT = 20.0

@@ -26,10 +26,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import uvicorn
 
-    from servers.engine import Engine
+    from servers.engine.engine import Engine
+    from servers.engine.model_runner import ModelRunner
     from servers.http_server import create_app
-    from servers.model_runner import ModelRunner
-    from servers.responses import Detokenizer
+    from servers.protocol.responses import Detokenizer
     from servers.state import ServerState
 
     torch.set_num_threads(args.num_threads)
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         max_loras_per_batch=args.max_loras_per_batch,
     )
     if args.enable_lora:
-        from servers.lora import LoRAError, enable_lora
+        from servers.engine.lora import LoRAError, enable_lora
 
         try:
             enable_lora(runner, args)

@@ -9,7 +9,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from servers.tool_parser import PARSERS
+from servers.protocol.tool_parser import PARSERS
 
 API_KEY_ENV = "AREALITE_API_KEY"  # read when --api-key is not given
 ADMIN_API_KEY_ENV = "AREALITE_ADMIN_API_KEY"  # read when --admin-api-key is not given

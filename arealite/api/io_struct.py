@@ -173,7 +173,7 @@ class WeightUpdateMeta:
     backend: str | None = None  # weight-update group backend; None: per-device default
     # Who receives a distributed update, set by the client before ``world_size``: "sglang"
     # (SGLang's weight-update group) or "vllm" (vLLM's NCCL weight-transfer engine, sent with
-    # vLLM's own trainer-side helpers: arealite.engine.vllm_weight_send).
+    # vLLM's own trainer-side helpers: arealite.backends.vllm.weight_send).
     receiver: str = "sglang"
     # Verification (docs/weight_updates.md): with ``verify`` the trainer publishes
     # ``checksums`` (name -> (dtype, 16-hex checksum) of what it sent, each tensor cast to
@@ -193,7 +193,7 @@ class WeightUpdateMeta:
     targets: list[str] | None = None
     target_failures: dict[str, str] | None = None
     # LoRA: ``path`` holds only an adapter (peft's format), loaded under this name beside the
-    # older versions (``/load_lora_adapter``), with no pause (arealite.rollout.lora_adapters).
+    # older versions (``/load_lora_adapter``), with no pause (arealite.weights.lora_adapters).
     lora_name: str | None = None
     # LoRA tensor pushes: (adapter config dict, {peft key: tensor}) that trainer rank 0 sent,
     # kept by the client to load the current adapter on a server it re-admits.
@@ -262,6 +262,26 @@ class WeightUpdateMeta:
         ``ValueError``/``OSError`` when it cannot be read."""
         with open(self.disk_ready_marker) as f:
             return json.load(f).get("version")
+
+
+class WeightUpdateError(RuntimeError):
+    """A weight update failed; ``report`` (when set) says which servers failed and why."""
+
+    report: WeightUpdateReport | None = None
+
+
+@dataclass
+class WeightUpdateReport:
+    """What one weight update did to the pool (the client's ``last_weight_update``)."""
+
+    version: int
+    updated: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)  # addr -> reason
+    seconds: float = 0.0
+    verify_seconds: float = 0.0  # of which checking the servers' checksums (and disk re-syncs)
+    # servers whose checksums differed after a broadcast: out of the pool until the trainer
+    # re-sends to them (RemoteSGLangEngine.resync_weights)
+    resync: list[str] = field(default_factory=list)
 
 
 class VersionClock:

@@ -46,7 +46,7 @@ def reward_stats() -> dict[str, int]:
         return dict(_stats)
 
 
-# (name, start, end, ok) of each reward call, for the trace (``arealite.rollout.trace_hooks``)
+# (name, start, end, ok) of each reward call, for the trace (``arealite.observe.rollout_trace``)
 _call_observer: Callable[[str, float, float, bool], None] | None = None
 
 

@@ -16,7 +16,7 @@ def _cmd_config(args: argparse.Namespace) -> int:
 
 
 def _cmd_tiny_model(args: argparse.Namespace) -> int:
-    from arealite.models.tiny import TinyModelSpec, build_tiny_model
+    from arealite.demo.tiny import TinyModelSpec, build_tiny_model
 
     spec = TinyModelSpec(
         seed=args.seed, hidden_size=args.hidden_size, num_hidden_layers=args.num_layers,
@@ -28,14 +28,14 @@ def _cmd_tiny_model(args: argparse.Namespace) -> int:
 
 
 def _cmd_import_smollm2(args: argparse.Namespace) -> int:
-    from arealite.models.smollm2 import import_smollm2
+    from arealite.demo.smollm2 import import_smollm2
 
     print(import_smollm2(args.out))
     return 0
 
 
 def _cmd_toy_data(args: argparse.Namespace) -> int:
-    from arealite.dataset.toy_math import write_toy_math
+    from arealite.demo.toy_math import write_toy_math
 
     paths = write_toy_math(args.out, args.n_train, args.n_valid, args.seed, args.digits)
     for p in paths.values():
@@ -44,7 +44,7 @@ def _cmd_toy_data(args: argparse.Namespace) -> int:
 
 
 def _cmd_toy_vision_data(args: argparse.Namespace) -> int:
-    from arealite.dataset.toy_vision import write_toy_vision
+    from arealite.demo.toy_vision import write_toy_vision
 
     for p in write_toy_vision(args.out, args.n_train, args.n_valid, args.seed).values():
         print(p)
@@ -58,7 +58,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_plot(args: argparse.Namespace) -> int:
-    from arealite.utils.stats_logger import plot_metrics
+    from arealite.observe.stats_logger import plot_metrics
 
     if not Path(args.metrics).is_file():
         print(f"arealite: no metrics file at {args.metrics}", file=sys.stderr)
@@ -68,19 +68,19 @@ def _cmd_plot(args: argparse.Namespace) -> int:
 
 
 def _cmd_agent_job(args: argparse.Namespace) -> int:
-    from arealite.trainer.agent_job import main as agent_job
+    from arealite.demo.agent_job import main as agent_job
 
     return agent_job(args.overrides)
 
 
 def _cmd_vision_job(args: argparse.Namespace) -> int:
-    from arealite.trainer.vision_job import main as vision_job
+    from arealite.demo.vision_job import main as vision_job
 
     return vision_job(args.overrides)
 
 
 def _cmd_main_job(args: argparse.Namespace) -> int:
-    from arealite.trainer.main_job import main as main_job
+    from arealite.demo.main_job import main as main_job
 
     return main_job(args.overrides)
 

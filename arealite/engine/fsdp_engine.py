@@ -21,7 +21,7 @@ once (``arealite.engine.prefix_pack``); the logits are expanded back to the ordi
 layout, so loss functions see no difference. Loss
 functions receive ``(logits [T, V], packed_mb)`` where the packed dict is in next-token
 alignment: ``logits[i]`` predicts ``labels[i]`` and ``loss_mask[i]``, ``logprobs[i]``, ... refer
-to that same token (see ``arealite.utils.data``).
+to that same token (see ``arealite.engine.packing``).
 """
 
 from __future__ import annotations
@@ -46,20 +46,20 @@ from arealite.api.io_struct import (
     WeightUpdateType,
 )
 from arealite.api.trajectory import TensorDict
+from arealite.engine import checkpoint as ckpt
 from arealite.engine import lora, segment_attention
 from arealite.engine.attn_impl import LAYOUT_IMPLS, resolve_attn_impl
-from arealite.engine.prefix_pack import group_units, share_prefixes, shared_sizes
-from arealite.engine.tensor_upload import upload_by_reference
-from arealite.engine.vision_pack import VISION_KEYS, image_placeholders, pack_images, patch_dim
-from arealite.engine.weight_upload import DistributedUploader, disk_checksums, param_specs
-from arealite.utils import checkpoint as ckpt
-from arealite.utils.data import (
+from arealite.engine.functional import gather_logprobs
+from arealite.engine.packing import (
     MicroBatchList,
     block_causal_mask,
     pack_tensor_dict,
     split_into_micro_batches,
     unpack_to_padded,
 )
+from arealite.engine.prefix_pack import group_units, share_prefixes, shared_sizes
+from arealite.engine.vision_pack import VISION_KEYS, image_placeholders, pack_images, patch_dim
+from arealite.observe.timing import timer
 from arealite.utils.distributed import (
     all_reduce,
     init_default_process_group,
@@ -74,8 +74,8 @@ from arealite.utils.fsdp import (
     make_lr_scheduler,
     to_dtype,
 )
-from arealite.utils.functional import gather_logprobs
-from arealite.utils.timing import timer
+from arealite.weights.tensor_upload import upload_by_reference
+from arealite.weights.upload import DistributedUploader, disk_checksums, param_specs
 
 logger = logging.getLogger("arealite.engine.fsdp")
 

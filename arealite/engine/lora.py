@@ -171,7 +171,7 @@ def push_adapter(model: nn.Module, meta: WeightUpdateMeta, is_rank0: bool, group
     if meta.type == WeightUpdateType.TENSOR:
         tensors = gather_adapter(model)
         if is_rank0:
-            from arealite.engine.lora_tensor_push import post_adapter_tensors
+            from arealite.weights.lora_tensor_push import post_adapter_tensors
 
             post_adapter_tensors(meta, adapter_config_dict(model), tensors)
         dist.barrier(group=group)

@@ -33,9 +33,9 @@ from arealite.launcher import plan
 from arealite.launcher import reward_model_servers as rm
 from arealite.launcher.plan import LaunchError, ProcSpec
 from arealite.launcher.preflight import check_modules
-from arealite.launcher.scrape_config import write_scrape_config
 from arealite.launcher.server_cycle import CYCLE_ENV, ServerCycleHost, write_atomic
 from arealite.launcher.supervisor import Console, ManagedProcess, stop_all
+from arealite.observe.scrape_config import write_scrape_config
 from arealite.utils.network import find_free_port, find_free_ports
 from arealite.utils.recover import find_latest, recover_root
 

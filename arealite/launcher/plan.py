@@ -15,7 +15,7 @@ from pathlib import Path
 
 from arealite.api.config import BaseExperimentConfig, GRPOConfig, LauncherConfig
 from arealite.api.config_loader import SECRET_FIELDS
-from arealite.launcher import vllm_server
+from arealite.backends.vllm import server_command as vllm_server
 from arealite.utils import keys, network
 
 ADDRS_ENV = "AREAL_LLM_SERVER_ADDRS"

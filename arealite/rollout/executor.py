@@ -45,10 +45,10 @@ from arealite.api.config import InferenceEngineConfig
 from arealite.api.io_struct import RolloutStat, VersionClock
 from arealite.api.trajectory import TensorDict, check_trajectory, concat_padded_tensors
 from arealite.api.workflow_api import RolloutWorkflow
+from arealite.observe.idle_time import IdleMeter
 from arealite.rollout import staleness
 from arealite.rollout.data_cycle import DataCycle, ExecutorDataState
 from arealite.rollout.errors import RolloutFailing, RolloutQueueFull, RolloutTimeout
-from arealite.rollout.idle import IdleMeter
 from arealite.rollout.loop_thread import LoopThread
 from arealite.rollout.staleness import StalenessManager, generated_tokens, take_oldest
 

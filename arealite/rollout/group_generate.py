@@ -26,7 +26,7 @@ from typing import Any
 import aiohttp
 
 from arealite.api.io_struct import ModelRequest, ModelResponse
-from arealite.rollout.backend import ProtocolError, Segment
+from arealite.backends.base import ProtocolError, Segment
 from arealite.rollout.router import NoHealthyServer
 from arealite.utils.http import TRANSPORT_ERRORS, describe_error, error_message
 

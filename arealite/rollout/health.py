@@ -8,10 +8,10 @@ import logging
 import aiohttp
 
 from arealite.api.io_struct import WeightUpdateMeta
-from arealite.rollout.backend import GenerateProtocol
-from arealite.rollout.sglang_protocol import SGLANG, parse_version
-from arealite.rollout.weight_sync import get_info
+from arealite.backends.base import GenerateProtocol
+from arealite.backends.sglang import SGLANG, parse_version
 from arealite.utils.http import call_json, describe_error, request_json
+from arealite.weights.fanout import get_info
 
 logger = logging.getLogger("arealite.rollout.health")
 

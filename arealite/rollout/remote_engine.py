@@ -45,27 +45,19 @@ from arealite.api.io_struct import (
     ModelRequest,
     ModelResponse,
     VersionClock,
+    WeightUpdateError,
     WeightUpdateMeta,
     WeightUpdateType,
 )
 from arealite.api.trajectory import TensorDict
 from arealite.api.workflow_api import RolloutWorkflow
-from arealite.rollout.backend import GenerateProtocol, ProtocolError
+from arealite.backends.base import GenerateProtocol, ProtocolError
+from arealite.backends.sglang import SGLANG
 from arealite.rollout.executor import WorkflowExecutor
 from arealite.rollout.group_generate import generate_group
 from arealite.rollout.health import check_endpoints, ready_for_readmission
 from arealite.rollout.loop_thread import LoopThread
-from arealite.rollout.lora_adapters import AdapterVersions
 from arealite.rollout.router import NoHealthyServer, ServerRouter
-from arealite.rollout.sglang_protocol import SGLANG
-from arealite.rollout.weight_check import fetch_weights, weight_mismatches
-from arealite.rollout.weight_sync import (
-    GroupLayout,
-    WeightSync,
-    WeightUpdateError,
-    group_layout,
-)
-from arealite.rollout.weight_verify import WeightVerifier
 from arealite.utils.http import (
     RETRYABLE_STATUS,
     TRANSPORT_ERRORS,
@@ -78,6 +70,10 @@ from arealite.utils.http import (
 )
 from arealite.utils.keys import HINT, ClientKeys, check_api_key
 from arealite.utils.network import parse_addrs
+from arealite.weights.fanout import GroupLayout, WeightSync, group_layout
+from arealite.weights.lora_adapters import AdapterVersions
+from arealite.weights.verify import WeightVerifier
+from arealite.weights.verify_by_name import fetch_weights, weight_mismatches
 
 logger = logging.getLogger("arealite.rollout.remote_engine")
 
@@ -201,7 +197,7 @@ class RemoteSGLangEngine(InferenceEngine):
         resumes with prompt + tokens so far) and, within each, attempts on healthy servers.
 
         One coroutine frame for all of it, segments and attempts as loops, not awaited helpers:
-        every await level costs on each resume of this hot path (benchmarks/client_overhead.py).
+        every await level costs on each resume of this hot path (benchmarks/micro/client_overhead.py).
         """
         ids_json = req.validate()
         pool = self.pool

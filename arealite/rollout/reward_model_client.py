@@ -22,11 +22,11 @@ from typing import Any
 from arealite.api.config import GenerationHyperparameters, InferenceEngineConfig
 from arealite.api.io_struct import ModelRequest, VersionClock
 from arealite.api.reward_model_api import RM_ADDRS_ENV, RewardModelScorer
-from arealite.rollout.backend import GenerateProtocol, ProtocolError, Segment
+from arealite.backends.base import GenerateProtocol, ProtocolError, Segment
+from arealite.backends.sglang import SGLangProtocol
 from arealite.rollout.remote_engine import RemoteSGLangEngine
-from arealite.rollout.sglang_protocol import SGLangProtocol
-from arealite.rollout.weight_sync import get_info
 from arealite.utils.network import parse_addrs
+from arealite.weights.fanout import get_info
 
 
 def encode_score_body(

@@ -37,7 +37,7 @@ import torch
 
 from arealite.engine.offload import move_to
 from arealite.launcher.server_cycle import ServerCycleClient
-from arealite.utils import stats_tracker
+from arealite.observe import stats_tracker
 from arealite.utils.memory import host_available_bytes
 from arealite.utils.sync_http import admin_headers, post_json
 

@@ -17,10 +17,10 @@ from arealite.api.preference_config import DPOConfig
 from arealite.engine.fsdp_engine import FSDPEngine
 from arealite.engine.preference.actor import PreferenceActor
 from arealite.engine.preference.batch import dpo_batch, kto_batches
+from arealite.observe import stats_tracker
+from arealite.observe.stats_logger import StatsLogger
+from arealite.observe.timing import FreqController
 from arealite.trainer.offline_setup import start_offline_run
-from arealite.utils import stats_tracker
-from arealite.utils.stats_logger import StatsLogger
-from arealite.utils.timing import FreqController
 
 
 def run_batch(actor: PreferenceActor, c: DPOConfig, tokenizer: Any, rows: list[dict],

@@ -22,8 +22,8 @@ from arealite.api.config import EvaluatorConfig
 from arealite.api.engine_api import InferenceEngine
 from arealite.api.workflow_api import RolloutWorkflow
 from arealite.api.workflow_factory import import_by_path
-from arealite.trainer.rollout_stats import evaluate
-from arealite.utils import trace
+from arealite.observe import trace
+from arealite.observe.rollout_stats import evaluate
 
 EvalFn = Callable[..., dict[str, float]]
 CONTEXT_ARGS = ("tokenizer", "workflow", "version", "config")

@@ -22,35 +22,29 @@ import torch.distributed as dist
 from arealite.api.config import GRPOConfig
 from arealite.api.io_struct import FinetuneSpec, SaveLoadMeta
 from arealite.api.workflow_factory import build_workflow
+from arealite.backends.registry import protocol_for, weight_update_for
+from arealite.backends.vllm.server_command import on_cpu
 from arealite.dataset.loader import create_dataloader, load_rows
 from arealite.engine.ppo.actor import FSDPPPOActor
 from arealite.engine.ppo.critic import FSDPPPOCritic
-from arealite.launcher.vllm_server import on_cpu
-from arealite.models.processor import vision_processor
+from arealite.engine.vision_processor import vision_processor
+from arealite.observe import stats_tracker
+from arealite.observe.observers import StepObservers
+from arealite.observe.rollout_stats import batch_rollout_stats
+from arealite.observe.sample_log import SampleIdLog
+from arealite.observe.stats_logger import StatsLogger
+from arealite.observe.timing import FreqController, timer
 from arealite.rollout.data_cycle import DataCycle
 from arealite.rollout.dynamic_sampling import GroupRewardFilter, rollout_full_batch
-from arealite.rollout.protocols import protocol_for, weight_update_for
 from arealite.rollout.remote_engine import RemoteSGLangEngine
 from arealite.rollout.reward_model_client import RemoteRewardModelEngine
 from arealite.trainer.colocate import ColocatedPhases
-from arealite.trainer.common import (
-    config_from_argv,
-    dist_info,
-    load_tokenizer,
-    push_weights,
-    rank0_decides,
-    setup_logging,
-    weight_meta,
-)
+from arealite.trainer.common import config_from_argv, dist_info, load_tokenizer, setup_logging
 from arealite.trainer.eval_hook import TrainClock, load_eval_fn, run_evaluation
-from arealite.trainer.observability import StepObservers
-from arealite.trainer.rollout_stats import batch_rollout_stats
-from arealite.trainer.sample_log import SampleIdLog
 from arealite.utils import recover as rec
-from arealite.utils import stats_tracker
+from arealite.utils.distributed import rank0_decides
 from arealite.utils.network import find_free_port
-from arealite.utils.stats_logger import StatsLogger
-from arealite.utils.timing import FreqController, timer
+from arealite.weights.push import push_weights, weight_meta
 
 
 def main(argv: list[str] | None = None) -> int:

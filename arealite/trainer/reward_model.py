@@ -16,10 +16,10 @@ from arealite.api.io_struct import SaveLoadMeta
 from arealite.api.preference_config import RewardModelConfig
 from arealite.engine.preference.batch import dpo_batch
 from arealite.engine.preference.reward_model import RewardModelActor, RewardModelEngine
+from arealite.observe import stats_tracker
+from arealite.observe.stats_logger import StatsLogger
+from arealite.observe.timing import FreqController
 from arealite.trainer.offline_setup import start_offline_run
-from arealite.utils import stats_tracker
-from arealite.utils.stats_logger import StatsLogger
-from arealite.utils.timing import FreqController
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,11 +19,11 @@ from arealite.api.config import SFTConfig
 from arealite.api.io_struct import SaveLoadMeta
 from arealite.engine.sft.lm_engine import FSDPLMEngine, build_sft_batch
 from arealite.engine.sft.vision_batch import build_vision_sft_batch
-from arealite.models.processor import vision_processor
+from arealite.engine.vision_processor import vision_processor
+from arealite.observe import stats_tracker
+from arealite.observe.stats_logger import StatsLogger
+from arealite.observe.timing import FreqController
 from arealite.trainer.offline_setup import start_offline_run
-from arealite.utils import stats_tracker
-from arealite.utils.stats_logger import StatsLogger
-from arealite.utils.timing import FreqController
 
 
 def to_batch(config: SFTConfig, tokenizer: Any, rows: list[dict]) -> dict[str, torch.Tensor]:

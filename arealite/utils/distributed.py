@@ -211,3 +211,13 @@ def init_default_process_group(
             timeout=td,
         )
     return dist.get_rank(), dist.get_world_size()
+
+
+def rank0_decides(flag: bool) -> bool:
+    """Rank 0's ``flag`` on every rank: decisions from a clock (time budget, eval every N
+    seconds) must agree, or ranks part ways at the next collective and hang."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return flag
+    box = [flag]
+    dist.broadcast_object_list(box, src=0)
+    return bool(box[0])

@@ -1,6 +1,6 @@
 """Writes ``arealite-dashboard.json`` (Grafana dashboard, schema 39) from the panel list below:
 ``python deploy/grafana/make_dashboard.py``. The panels' PromQL is what ``make observe`` runs
-against a real Prometheus (``benchmarks/observe.py``); keep the two in step by editing here."""
+against a real Prometheus (``benchmarks/studies/observe.py``); keep the two in step by editing here."""
 
 from __future__ import annotations
 

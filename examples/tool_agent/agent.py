@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from arealite.dataset.toy_tools import TOOLS, calculate
+from arealite.demo.toy_tools import TOOLS, calculate
 
 MAX_ROUNDS = 3
 

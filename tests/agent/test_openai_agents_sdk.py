@@ -8,7 +8,7 @@ import requests
 
 from arealite.api.config import GenerationHyperparameters, InferenceEngineConfig
 from arealite.rollout.remote_engine import RemoteSGLangEngine
-from tests.agent.tool_model import CONVERSATION, TOOLS
+from tests.support.tool_model import CONVERSATION, TOOLS
 
 agents = pytest.importorskip("agents")
 pytestmark = pytest.mark.integration

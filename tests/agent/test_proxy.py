@@ -15,7 +15,7 @@ import requests
 from arealite.api.config import GenerationHyperparameters, InferenceEngineConfig
 from arealite.api.io_struct import WeightUpdateMeta
 from arealite.rollout.remote_engine import RemoteSGLangEngine
-from tests.agent.tool_model import CONVERSATION, THINK_CONVERSATION, TOOLS, think_template
+from tests.support.tool_model import CONVERSATION, THINK_CONVERSATION, TOOLS, think_template
 
 openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.integration

@@ -14,7 +14,7 @@ from arealite.api.workflow_factory import (
     import_by_path,
     load_reward_fn,
 )
-from tests.workflows.wf_checks import assert_trajectory
+from tests.support.wf_checks import assert_trajectory
 from workflows.math import MathRLVRWorkflow
 from workflows.multi_turn import MultiTurnWorkflow
 from workflows.rewards.combine import WeightedSum
@@ -38,7 +38,7 @@ def test_default_config_builds_rlvr_with_toy_reward(tiny_tokenizer):
     ("workflows.rlvr:", "must look like"),
     ("no_such_pkg.mod:Thing", "cannot import module 'no_such_pkg.mod'"),
     ("workflows.rlvr:NoSuchWorkflow", "has no attribute 'NoSuchWorkflow'"),
-    ("tests.workflows.wf_custom_example:NotAWorkflow", "not a RolloutWorkflow"),
+    ("tests.support.wf_custom_example:NotAWorkflow", "not a RolloutWorkflow"),
 ])
 def test_bad_workflow_paths(path, match, tiny_tokenizer):
     with pytest.raises(WorkflowImportError, match=re.escape(match)):
@@ -73,7 +73,7 @@ def test_shipped_workflows_by_path(tiny_tokenizer):
 
 
 def test_custom_workflow_from_test_module_runs(local_engine, tiny_tokenizer):
-    cfg = WorkflowConfig(path="tests.workflows.wf_custom_example:TargetLengthWorkflow",
+    cfg = WorkflowConfig(path="tests.support.wf_custom_example:TargetLengthWorkflow",
                          kwargs={"target_len": 2})
     wf = build_workflow(cfg, G, tiny_tokenizer)  # it takes no reward_fn: none is passed
     traj = asyncio.run(wf.arun_episode(local_engine, dict(ROW)))

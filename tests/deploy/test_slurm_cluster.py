@@ -22,9 +22,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from arealite.dataset.toy_math import write_toy_math
+from arealite.demo.toy_math import write_toy_math
 from arealite.utils.network import find_free_port
-from benchmarks.grpo_runs import last_step, metrics, small_run
+from benchmarks.harness.grpo_runs import last_step, metrics, small_run
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = [

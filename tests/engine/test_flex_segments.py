@@ -10,9 +10,9 @@ import torch
 
 from arealite.engine import flex_segments
 from arealite.engine.attn_impl import resolve_attn_impl
+from arealite.engine.packing import block_causal_mask
 from arealite.engine.prefix_pack import share_prefixes
 from arealite.engine.segment_attention import SegmentLayout, sequence_layout
-from arealite.utils.data import block_causal_mask
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from arealite.utils.network import find_free_port, find_free_ports
-from tests.procs import log_tail, spawn
+from tests.support.procs import log_tail, spawn
 
-WORKER = Path(__file__).with_name("fsdp_worker.py")
-PEER = Path(__file__).resolve().parents[1] / "utils" / "group_peer.py"
+WORKER = Path(__file__).resolve().parents[1] / "support" / "fsdp_worker.py"
+PEER = Path(__file__).resolve().parents[1] / "support" / "group_peer.py"
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -100,7 +100,7 @@ def test_distributed_upload_from_two_ranks_to_a_peer(tiny_model_dir, tmp_path):
     out = tmp_path / "up.pt"
     # the peer needs the bucket layout: compute it the same way the trainer will
     from arealite.engine.fsdp_engine import FSDPEngine
-    from tests.engine.fsdp_helpers import engine_config
+    from tests.support.fsdp_helpers import engine_config
 
     e = FSDPEngine(engine_config(tiny_model_dir, optimizer=None), device="cpu", backend="gloo")
     e.initialize()
@@ -133,7 +133,7 @@ def test_lora_ppo_two_ranks_equal_one_rank(tiny_model_dir, tmp_path):
     as on 1, under the PPO loss, and the gathered adapter has peft's saved keys; its DCP
     checkpoint (adapter and optimizer state only) resumes on 1 rank."""
     from arealite.engine.lora import gather_adapter
-    from tests.engine.fsdp_worker import make_actor, step
+    from tests.support.fsdp_worker import make_actor, step
 
     m = str(tiny_model_dir)
     run_ranks(2, ["--mode", "train", "--lora", "--model", m, "--out", str(tmp_path / "l2.pt"),

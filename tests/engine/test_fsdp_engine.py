@@ -7,8 +7,8 @@ import torch
 
 from arealite.api.io_struct import FinetuneSpec, SaveLoadMeta
 from arealite.engine.fsdp_engine import FSDPEngine
-from arealite.utils.functional import gather_logprobs
-from tests.engine.fsdp_helpers import engine_config, random_trajectories
+from arealite.engine.functional import gather_logprobs
+from tests.support.fsdp_helpers import engine_config, random_trajectories
 
 
 @pytest.fixture(scope="module")
@@ -199,7 +199,7 @@ def test_vision_sft_batch_trains_with_images(tiny_vl_model_dir, toy_vision_dir, 
 
     from arealite.engine.sft.lm_engine import FSDPLMEngine
     from arealite.engine.sft.vision_batch import build_vision_sft_batch
-    from arealite.models.tiny_vl import load_processor
+    from arealite.engine.vision_processor import load_processor
 
     rows = [json.loads(x) for x in (toy_vision_dir / "train.jsonl").read_text().splitlines()][:8]
     proc = load_processor(tiny_vl_model_dir)

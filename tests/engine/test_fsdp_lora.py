@@ -13,8 +13,8 @@ from arealite.api.io_struct import FinetuneSpec, SaveLoadMeta, WeightUpdateMeta
 from arealite.api.lora_config import LoRAConfig
 from arealite.engine import lora
 from arealite.engine.fsdp_engine import FSDPEngine
-from arealite.utils.functional import gather_logprobs
-from tests.engine.fsdp_helpers import engine_config, random_trajectories
+from arealite.engine.functional import gather_logprobs
+from tests.support.fsdp_helpers import engine_config, random_trajectories
 
 LORA = LoRAConfig(rank=4, alpha=8.0, target_modules=["q_proj", "v_proj", "down_proj"])
 

@@ -8,9 +8,9 @@ import random
 import pytest
 import torch
 
+from arealite.engine.packing import block_causal_mask
 from arealite.engine.prefix_pack import share_prefixes
 from arealite.engine.segment_attention import register, sequence_layout
-from arealite.utils.data import block_causal_mask
 
 TOL = 2e-5
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import kill_group
+from tests.support.procs import kill_group
 
 ROOT = Path(__file__).parents[2]
 EXAMPLE = ROOT / "examples" / "own_task"

@@ -21,9 +21,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from arealite.dataset.toy_math import write_toy_math
-from benchmarks.grpo_runs import last_step, metrics, small_run, wait_exit, wait_until
-from tests.procs import log_tail, spawn
+from arealite.demo.toy_math import write_toy_math
+from benchmarks.harness.grpo_runs import last_step, metrics, small_run, wait_exit, wait_until
+from tests.support.procs import log_tail, spawn
 
 ray = pytest.importorskip("ray")  # installed by `make test` (arealite[ray])
 pytestmark = pytest.mark.integration

@@ -30,7 +30,7 @@ def _write_config(tmp_path: Path, **launcher) -> Path:
         "cluster": {"fileroot": str(tmp_path)},
         "actor": {"path": str(tmp_path / "model")},
         "launcher": {"n_servers": 1, "trainer_nproc": 1, "stop_grace": 3, "startup_timeout": 30,
-                     "entry_module": "tests.launcher.fake_trainer", **launcher},
+                     "entry_module": "tests.support.fake_trainer", **launcher},
     }
     p = tmp_path / "cfg.yaml"
     p.write_text(yaml.safe_dump(cfg))
@@ -38,18 +38,18 @@ def _write_config(tmp_path: Path, **launcher) -> Path:
 
 
 class Run:
-    """The launcher started as ``python -m tests.launcher.run_launcher``, in its own group."""
+    """The launcher started as ``python -m tests.support.run_launcher``, in its own group."""
 
     def __init__(self, tmp_path: Path, args: list[str], fake_server: bool = True,
                  cmd: list[str] | None = None, **env: str):
         self.out, self.err = tmp_path / "launcher.out", tmp_path / "launcher.err"
         full_env = {**os.environ, "OMP_NUM_THREADS": "1", **env}
         if fake_server:
-            full_env["FAKE_SERVER_MODULE"] = "tests.launcher.fake_server"
+            full_env["FAKE_SERVER_MODULE"] = "tests.support.fake_server"
         self.t0 = time.monotonic()
         with open(self.out, "w") as out, open(self.err, "w") as err:
             self.proc = subprocess.Popen(
-                cmd or [sys.executable, "-m", "tests.launcher.run_launcher", *args], cwd=REPO,
+                cmd or [sys.executable, "-m", "tests.support.run_launcher", *args], cwd=REPO,
                 env=full_env, stdout=out, stderr=err, start_new_session=True)
         self.seen: dict[int, psutil.Process] = {}
 

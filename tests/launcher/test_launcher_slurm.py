@@ -40,7 +40,7 @@ def test_grpo_sbatch_wires_servers_to_trainer(tmp_path):
     # that swaps in the stand-in server.
     _script(bin_dir / "py", "#!/bin/bash\n"
             "if [ \"$1\" = -m ] && [ \"$2\" = arealite.launcher.local ]; then\n"
-            f"  shift 2; exec {sys.executable} -m tests.launcher.run_launcher \"$@\"\nfi\n"
+            f"  shift 2; exec {sys.executable} -m tests.support.run_launcher \"$@\"\nfi\n"
             f"exec {sys.executable} \"$@\"\n")
     cfg = _write_config(tmp_path)
     env = {
@@ -48,7 +48,7 @@ def test_grpo_sbatch_wires_servers_to_trainer(tmp_path):
         "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_JOB_ID": "42", "N_SERVER_NODES": "1",
         "GPUS_PER_NODE": "2", "GPUS_PER_SERVER": "1", "RDZV_PORT": str(find_free_port()),
         "SERVERS_ROOT": str(tmp_path / "servers"), "AREALITE_DEPLOY": str(SLURM),
-        "ENTRY_MODULE": "tests.launcher.fake_trainer", "FAKE_TRAINER_MODE": "ok",
+        "ENTRY_MODULE": "tests.support.fake_trainer", "FAKE_TRAINER_MODE": "ok",
         "WAIT_SECS": "60", "POLL_SECS": "0.5",
     }
     overrides = ["launcher.server_host=127.0.0.1", "launcher.stop_grace=3"]

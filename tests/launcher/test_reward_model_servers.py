@@ -1,6 +1,6 @@
 """The reward-model pool the launcher starts (``launcher.reward_model_servers``): its commands,
 GPUs and the trainer's ``AREAL_RM_SERVER_ADDRS`` (nothing is started here; the integration run
-is tests/trainer/test_observability.py)."""
+is tests/observe/test_observers.py)."""
 
 from __future__ import annotations
 

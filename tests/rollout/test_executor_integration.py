@@ -16,7 +16,7 @@ from arealite.api.trajectory import pad_sequences_to_tensors
 from arealite.api.workflow_api import RolloutWorkflow
 from arealite.dataset.loader import create_dataloader
 from arealite.rollout.remote_engine import RemoteSGLangEngine
-from tests.procs import embedded_server
+from tests.support.procs import embedded_server
 
 pytestmark = pytest.mark.integration
 

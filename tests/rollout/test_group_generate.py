@@ -13,8 +13,8 @@ from arealite.api.config import GenerationHyperparameters
 from arealite.api.io_struct import ModelRequest
 from arealite.api.workflow_api import generate_group
 from arealite.rollout.remote_engine import GenerationError
-from tests.rollout.scripted_sglang import generate_reply
 from tests.rollout.test_remote_engine import engines, servers  # noqa: F401 - fixtures
+from tests.support.scripted_sglang import generate_reply
 
 
 def batch_reply(body: dict, finish: dict | None = None, n: int | None = None,

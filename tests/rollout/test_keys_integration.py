@@ -15,10 +15,8 @@ import urllib.request
 import pytest
 import torch
 
-from arealite.api.io_struct import ParamSpec, WeightUpdateMeta
-from arealite.rollout.weight_sync import WeightUpdateError
+from arealite.api.io_struct import ParamSpec, WeightUpdateError, WeightUpdateMeta
 from arealite.utils.network import LOOPBACK, find_free_port, wait_http_ok
-from tests.procs import log_tail, spawn
 from tests.rollout.test_remote_engine_integration import (
     make_engine,
     perturbed_state,
@@ -26,6 +24,7 @@ from tests.rollout.test_remote_engine_integration import (
     run_all,
     save_model,
 )
+from tests.support.procs import log_tail, spawn
 
 pytestmark = pytest.mark.integration
 

@@ -15,11 +15,10 @@ import time
 import pytest
 
 from arealite.api.config import GenerationHyperparameters, InferenceEngineConfig
-from arealite.api.io_struct import ModelRequest, ParamSpec, WeightUpdateMeta
+from arealite.api.io_struct import ModelRequest, ParamSpec, WeightUpdateError, WeightUpdateMeta
 from arealite.rollout.remote_engine import GenerationError, RemoteSGLangEngine, parse_addrs
-from arealite.rollout.weight_sync import WeightUpdateError
 from arealite.utils.network import LOOPBACK, find_free_port
-from tests.rollout.scripted_sglang import ScriptedServer, generate_reply
+from tests.support.scripted_sglang import ScriptedServer, generate_reply
 
 
 @pytest.fixture
@@ -99,7 +98,7 @@ def test_generate_body_and_response(servers, engines):
 
 def test_bodies_and_answers_go_through_the_backend_protocol(servers):
     """The backend seam: a protocol object of another shape is all the client needs."""
-    from arealite.rollout.sglang_protocol import SGLANG, SGLangProtocol
+    from arealite.backends.sglang import SGLANG, SGLangProtocol
 
     calls = []
 

@@ -24,7 +24,7 @@ from arealite.api.config import GenerationHyperparameters, InferenceEngineConfig
 from arealite.api.io_struct import ModelRequest, ParamSpec, WeightUpdateMeta
 from arealite.rollout.remote_engine import RemoteSGLangEngine
 from arealite.utils.network import LOOPBACK, find_free_port, find_free_ports, wait_http_ok
-from tests.procs import kill_group, log_tail
+from tests.support.procs import kill_group, log_tail
 
 pytestmark = pytest.mark.integration
 

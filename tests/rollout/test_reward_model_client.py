@@ -20,7 +20,7 @@ from arealite.api.config import GenerationHyperparameters, InferenceEngineConfig
 from arealite.rollout.remote_engine import GenerationError
 from arealite.rollout.reward_model_client import RemoteRewardModelEngine
 from arealite.utils.network import find_free_port, wait_http_ok
-from tests.procs import embedded_servers, kill_group, log_tail, spawn
+from tests.support.procs import embedded_servers, kill_group, log_tail, spawn
 from workflows.rewards.format import FormatReward
 from workflows.rewards.model import combine_rewards
 from workflows.rewards.toy import toy_reward

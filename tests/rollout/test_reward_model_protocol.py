@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from arealite.api.config import GenerationHyperparameters
-from arealite.rollout.backend import ProtocolError
+from arealite.backends.base import ProtocolError
 from arealite.rollout.reward_model_client import (
     SGLANG_SCORE,
     encode_score_body,
@@ -36,7 +36,7 @@ def test_bodies_use_sglang_fields():
     body = json.loads(encode_score_body([1, 2, 3], GenerationHyperparameters(), 0, "r-1"))
     assert body == {"input_ids": [1, 2, 3], "rid": "r-1"}
     assert set(body) <= fields
-    from servers.embedding_route import EmbeddingReqInput
+    from servers.routes.embedding import EmbeddingReqInput
 
     assert set(EmbeddingReqInput.model_fields) <= fields
     assert SGLANG_SCORE.generate_path == "/classify"

@@ -19,14 +19,14 @@ import pytest
 import requests
 import torch
 
-from tests.procs import embedded_server, kill_group
-from tests.servers.sampling_reference import TOL, check_against_own_settings
+from tests.support.procs import embedded_server, kill_group
+from tests.support.sampling_reference import TOL, check_against_own_settings
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 AREAL_PYTHON = Path(os.environ.get("AREAL_PYTHON", REPO / ".venv-areal" / "bin" / "python"))
-DRIVER = Path(__file__).with_name("areal_driver.py")
+DRIVER = Path(__file__).resolve().parents[1] / "support" / "areal_driver.py"
 SERVER_ARGS = ["--max-running-requests", "4", "--random-seed", "0"]  # 12 requests: some queue
 
 

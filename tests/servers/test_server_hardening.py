@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from tests.servers.http_calls import post
+from tests.support.http_calls import post
 
 pytestmark = pytest.mark.integration
 
@@ -53,7 +53,7 @@ def test_a_backtracking_stop_regex_cannot_stall_the_engine(server):
 def test_health_reports_a_stuck_engine(tiny_model_dir, tmp_path):
     """A step that never comes back (here: a weight load blocked reading a pipe) makes /health
     answer 503, so clients take the server out of rotation; it is 200 again once it ends."""
-    from tests.procs import embedded_server
+    from tests.support.procs import embedded_server
 
     stuck = tmp_path / "stuck"
     stuck.mkdir()
@@ -88,7 +88,7 @@ def test_disk_loads_only_from_allowed_folders(tiny_model_dir, tmp_path):
     --weight-load-root; ``..`` and symlinks that lead out are refused and the weights stay."""
     import shutil
 
-    from tests.procs import embedded_server
+    from tests.support.procs import embedded_server
 
     model = tmp_path / "models" / "tiny"  # the server may read under tmp_path/models
     allowed = tmp_path / "run"

@@ -10,7 +10,7 @@ import pytest
 import requests
 import torch
 
-from tests.servers.http_calls import gen, post
+from tests.support.http_calls import gen, post
 
 pytestmark = pytest.mark.integration
 
@@ -201,7 +201,7 @@ def test_info_endpoints(server, api_types):
 
 
 def test_api_keys_and_metrics(tiny_model_dir):
-    from tests.procs import embedded_server
+    from tests.support.procs import embedded_server
 
     args = ["--api-key", "user", "--admin-api-key", "admin", "--enable-metrics"]
     with embedded_server(str(tiny_model_dir), args) as addr:

@@ -61,7 +61,7 @@ def test_loopback_needs_no_key(host):
 @pytest.mark.integration
 def test_rendezvous_is_bounded_and_sigterm_still_stops_the_server(tiny_model_dir):
     from arealite.utils.network import find_free_port
-    from tests.procs import spawn, wait_http_ok
+    from tests.support.procs import spawn, wait_http_ok
 
     nobody = find_free_port()  # nothing listens here: the rendezvous can only time out
     body = {"master_address": "127.0.0.1", "master_port": nobody, "rank_offset": 1,

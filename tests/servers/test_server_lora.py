@@ -14,9 +14,9 @@ import torch
 from arealite.api.lora_config import LoRAConfig
 from arealite.api.trajectory import pad_sequences_to_tensors
 from arealite.engine.fsdp_engine import FSDPEngine
-from tests.engine.fsdp_helpers import engine_config
-from tests.procs import embedded_server
-from tests.servers.http_calls import gen, post
+from tests.support.fsdp_helpers import engine_config
+from tests.support.http_calls import gen, post
+from tests.support.procs import embedded_server
 
 
 def requests_get(server: str, path: str) -> dict:
@@ -209,7 +209,7 @@ def test_load_adapter_from_tensors(lora_server, adapters):
 
     from safetensors.torch import load_file
 
-    from arealite.utils.shared_tensors import lora_tensors_body, serialize_tensor_dict
+    from arealite.weights.shared_tensors import lora_tensors_body, serialize_tensor_dict
 
     root, engines = adapters
     cfg = _json.loads((root / "b" / "adapter_config.json").read_text())
@@ -241,7 +241,7 @@ def test_load_adapter_from_tensors(lora_server, adapters):
 
 
 def test_openai_model_parameter_forms():
-    from servers.lora import openai_lora_path
+    from servers.engine.lora import openai_lora_path
 
     assert openai_lora_path("base:ad", "base", None) == "ad"
     assert openai_lora_path("s3://b/m:ad", "s3://b/m", None) == "ad"  # the served name whole
@@ -268,7 +268,7 @@ def test_max_loras_per_batch_queues_the_third_adapter(lora_server, adapters):
 
 
 def test_lora_path_flag_forms():
-    from servers.lora import parse_lora_path_arg
+    from servers.engine.lora import parse_lora_path_arg
     from servers.server_args import parse_args
 
     assert parse_lora_path_arg("/p/x") == {"lora_name": "/p/x", "lora_path": "/p/x",

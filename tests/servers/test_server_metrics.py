@@ -35,7 +35,7 @@ def one(fams: dict[str, dict], family: str, sample: str | None = None, **labels:
 
 
 def test_server_and_gateway_metrics(tiny_model_dir):
-    from tests.procs import embedded_server, log_tail, spawn
+    from tests.support.procs import embedded_server, log_tail, spawn
 
     with embedded_server(str(tiny_model_dir), ["--enable-metrics"]) as addr:
         base = f"http://{addr}"

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.integration
 
 
 def _read_addrs(proc, log_path, timeout=120.0) -> list[str]:
-    from tests.procs import log_tail
+    from tests.support.procs import log_tail
 
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -33,7 +33,7 @@ def _requests_served(addr: str) -> int:
 
 
 def test_pool_and_gateway(tiny_model_dir, tmp_path):
-    from tests.procs import log_tail, spawn
+    from tests.support.procs import log_tail, spawn
 
     pool_cmd = [sys.executable, "-m", "servers.launch_pool", "--n", "2", "--model-path",
                 str(tiny_model_dir), "--log-dir", str(tmp_path / "logs"), "--random-seed", "0"]

@@ -15,7 +15,7 @@ import pytest
 import requests
 import torch
 
-from tests.procs import embedded_server
+from tests.support.procs import embedded_server
 
 pytestmark = pytest.mark.integration
 
@@ -143,7 +143,7 @@ def test_a_score_asked_while_the_memory_is_released_waits_for_the_resume(rm_serv
 
 
 def test_is_embedding_needs_a_classifier(tiny_model_dir):
-    from servers.model_runner import ModelRunner
+    from servers.engine.model_runner import ModelRunner
 
     with pytest.raises(ValueError, match="sequence-classification"):
         ModelRunner(str(tiny_model_dir), is_embedding=True)

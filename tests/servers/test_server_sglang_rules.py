@@ -12,7 +12,7 @@ import pytest
 import requests
 import torch
 
-from tests.servers.http_calls import gen, post
+from tests.support.http_calls import gen, post
 
 pytestmark = pytest.mark.integration
 
@@ -84,7 +84,7 @@ def test_max_new_tokens_past_the_context_is_400(server):
 
 
 def test_allow_auto_truncate_cuts_instead(tiny_model_dir):
-    from tests.procs import embedded_server
+    from tests.support.procs import embedded_server
 
     args = ["--context-length", "32", "--allow-auto-truncate", "--random-seed", "0"]
     with embedded_server(str(tiny_model_dir), args) as addr:

@@ -9,7 +9,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 
 def test_capital_of_france_is_paris(smollm2_dir):
-    from tests.procs import embedded_server
+    from tests.support.procs import embedded_server
 
     with embedded_server(str(smollm2_dir), ["--context-length", "256"], timeout=300) as addr:
         r = requests.post(f"http://{addr}/generate", timeout=120, json={

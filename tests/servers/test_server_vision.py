@@ -11,14 +11,14 @@ import json
 import pytest
 import torch
 
-from tests.servers.http_calls import gen, post
+from tests.support.http_calls import gen, post
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
 def vl_server(tiny_vl_model_dir):
-    from tests.procs import embedded_server
+    from tests.support.procs import embedded_server
 
     with embedded_server(str(tiny_vl_model_dir), ["--random-seed", "0"]) as addr:
         yield f"http://{addr}"
@@ -26,7 +26,7 @@ def vl_server(tiny_vl_model_dir):
 
 @pytest.fixture(scope="module")
 def processor(tiny_vl_model_dir):
-    from arealite.models.tiny_vl import load_processor
+    from arealite.engine.vision_processor import load_processor
 
     return load_processor(tiny_vl_model_dir)
 

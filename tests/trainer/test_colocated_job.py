@@ -7,7 +7,7 @@ and resumed around every training phase.
 Every step the behaviour logprobs equal the trainer's recomputed ones to float error, which
 holds only if each shared-memory push landed exactly; every transition is timed and logged.
 The full-length run, whose reward rises like the disaggregated one, is
-``benchmarks/colocated_job.py`` (not part of ``make test``: CI time).
+``benchmarks/studies/colocated_job.py`` (not part of ``make test``: CI time).
 
 With ``launcher.colocate_servers=recreate`` the launcher stops the servers for each train
 phase and starts them again; the push then restores the newest weights exactly, while the
@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from tests.procs import log_tail, spawn
+from tests.support.procs import log_tail, spawn
 
 STEPS = 6
 TRANSITIONS = ("offload_actor", "release_servers", "onload_actor", "resume_servers")
@@ -32,7 +32,7 @@ def run_job(tmp_path, toy_assets, steps: int, *extra: str, prompts: int = 16,
     """The co-located main job's log and its per-step metrics rows; with ``reward_model`` a
     reward-model pool (the launcher's) beside the servers scores every sample and takes the
     same turns."""
-    from arealite.models.reward_model import reward_model_from_causal_lm
+    from arealite.demo.reward_model import reward_model_from_causal_lm
 
     (tmp_path / "assets").symlink_to(toy_assets)  # the session's SFT warm start, built once
     rm_args = []

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from arealite.dataset.toy_math import generate_toy_math, write_toy_preferences
+from arealite.demo.toy_math import generate_toy_math, write_toy_preferences
 from arealite.trainer import dpo
 
 

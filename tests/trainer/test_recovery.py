@@ -14,9 +14,9 @@ import pytest
 
 from arealite.api.config import DatasetConfig
 from arealite.dataset.loader import create_dataloader, load_rows
-from arealite.dataset.toy_math import write_toy_math
-from arealite.trainer.sample_log import read_sample_ids
-from benchmarks.grpo_runs import (
+from arealite.demo.toy_math import write_toy_math
+from arealite.observe.sample_log import read_sample_ids
+from benchmarks.harness.grpo_runs import (
     descendants,
     is_trainer_worker,
     last_step,
@@ -27,7 +27,7 @@ from benchmarks.grpo_runs import (
     wait_exit,
     wait_until,
 )
-from tests.procs import cpu_hog, log_tail, spawn
+from tests.support.procs import cpu_hog, log_tail, spawn
 
 N_SAMPLES = 2  # gconfig.n_samples: each prompt's id appears this many times per step
 KILL_AFTER = 3  # SIGKILL the trainer once this step is in its metrics

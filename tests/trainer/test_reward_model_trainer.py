@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from arealite.dataset.toy_math import write_toy_preferences
+from arealite.demo.toy_math import write_toy_preferences
 from arealite.trainer import reward_model
 
 

@@ -10,9 +10,9 @@ import signal
 
 import pytest
 
-from arealite.dataset.toy_math import write_toy_math
-from arealite.trainer.sample_log import read_sample_ids
-from benchmarks.grpo_runs import (
+from arealite.demo.toy_math import write_toy_math
+from arealite.observe.sample_log import read_sample_ids
+from benchmarks.harness.grpo_runs import (
     descendants,
     is_server,
     last_step,
@@ -23,7 +23,7 @@ from benchmarks.grpo_runs import (
     wait_exit,
     wait_until,
 )
-from tests.procs import cpu_hog, log_tail, spawn
+from tests.support.procs import cpu_hog, log_tail, spawn
 
 STEPS = 16
 KILL_AFTER = 3

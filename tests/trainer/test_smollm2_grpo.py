@@ -10,9 +10,9 @@ import sys
 import pytest
 import requests
 
-from arealite.dataset.toy_math import write_toy_math
-from benchmarks.grpo_runs import ROOT, wait_exit
-from tests.procs import embedded_server, log_tail, spawn
+from arealite.demo.toy_math import write_toy_math
+from benchmarks.harness.grpo_runs import ROOT, wait_exit
+from tests.support.procs import embedded_server, log_tail, spawn
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from arealite.dataset.toy_vision import write_toy_vision
-from arealite.models.tiny_vl import load_processor
-from arealite.utils.stats_logger import read_metrics
-from tests.procs import log_tail, spawn
+from arealite.demo.toy_vision import write_toy_vision
+from arealite.engine.vision_processor import load_processor
+from arealite.observe.stats_logger import read_metrics
+from tests.support.procs import log_tail, spawn
 
 # SFT with the job's config (batches of 64, lr 3e-4) until teacher-forced held-out accuracy
 # reaches SFT_TARGET: with seeds 1-3 the model starts to use the image after 220-260 steps and

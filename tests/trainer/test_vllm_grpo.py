@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import log_tail, spawn, vllm_available
+from tests.support.procs import log_tail, spawn, vllm_available
 
 pytestmark = [
     pytest.mark.integration,

@@ -14,9 +14,9 @@ import torch.distributed as dist
 
 from arealite.utils.distributed import destroy_custom_process_group, init_custom_process_group
 from arealite.utils.network import find_free_port
-from tests.procs import log_tail, spawn
+from tests.support.procs import log_tail, spawn
 
-PEER = Path(__file__).with_name("group_peer.py")
+PEER = Path(__file__).resolve().parents[1] / "support" / "group_peer.py"
 
 
 def test_bad_arguments_are_clear_errors():

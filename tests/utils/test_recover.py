@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from arealite.api.config import GRPOConfig
+from arealite.observe.timing import FreqController
 from arealite.utils.recover import (
     MARKER,
     RecoverInfo,
@@ -21,7 +22,6 @@ from arealite.utils.recover import (
     should_recover,
     weights_dir,
 )
-from arealite.utils.timing import FreqController
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -4,8 +4,8 @@ import json
 import pytest
 
 from arealite.api.config import GenerationHyperparameters
-from tests.workflows.wf_checks import assert_trajectory
-from tests.workflows.wf_local_engine import ScriptedEngine
+from tests.support.wf_checks import assert_trajectory
+from tests.support.wf_local_engine import ScriptedEngine
 from workflows.math import MathRLVRWorkflow
 
 

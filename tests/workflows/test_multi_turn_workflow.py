@@ -3,8 +3,8 @@ import asyncio
 import pytest
 
 from arealite.api.config import GenerationHyperparameters
-from tests.workflows.wf_checks import assert_trajectory
-from tests.workflows.wf_local_engine import ScriptedEngine
+from tests.support.wf_checks import assert_trajectory
+from tests.support.wf_local_engine import ScriptedEngine
 from workflows.multi_turn import MultiTurnWorkflow, feedback_token_ids
 from workflows.rewards.toy import toy_reward
 

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from tests.workflows import wf_reward_helpers as H
+from tests.support import wf_reward_helpers as H
 from workflows.reward_pool import (
     RewardFailed,
     RewardPool,

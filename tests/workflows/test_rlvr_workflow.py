@@ -8,9 +8,9 @@ import torch
 
 from arealite.api.config import GenerationHyperparameters
 from arealite.api.reward_api import RewardFailed
-from tests.workflows import wf_reward_helpers as H
-from tests.workflows.wf_checks import assert_trajectory, recompute_logprobs
-from tests.workflows.wf_local_engine import ScriptedEngine
+from tests.support import wf_reward_helpers as H
+from tests.support.wf_checks import assert_trajectory, recompute_logprobs
+from tests.support.wf_local_engine import ScriptedEngine
 from workflows.reward_pool import reward_stats
 from workflows.rewards.toy import toy_reward
 from workflows.rlvr import RLVRWorkflow

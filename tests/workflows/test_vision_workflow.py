@@ -12,9 +12,9 @@ import torch
 from arealite.api.config import GenerationHyperparameters, InferenceEngineConfig
 from arealite.api.io_struct import FinetuneSpec
 from arealite.engine.fsdp_engine import FSDPEngine
-from arealite.models.tiny_vl import load_processor
-from tests.engine.fsdp_helpers import engine_config
-from tests.procs import embedded_server
+from arealite.engine.vision_processor import load_processor
+from tests.support.fsdp_helpers import engine_config
+from tests.support.procs import embedded_server
 from workflows.rewards.counting import counting_reward
 from workflows.vision import VisionRLVRWorkflow
 

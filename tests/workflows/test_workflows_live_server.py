@@ -11,9 +11,9 @@ import torch
 from arealite.api.config import GenerationHyperparameters, InferenceEngineConfig, WorkflowConfig
 from arealite.api.reward_api import RewardFailed
 from arealite.api.workflow_factory import build_workflow
-from tests.procs import embedded_server
-from tests.workflows import wf_reward_helpers as H
-from tests.workflows.wf_checks import assert_trajectory, recompute_logprobs
+from tests.support import wf_reward_helpers as H
+from tests.support.procs import embedded_server
+from tests.support.wf_checks import assert_trajectory, recompute_logprobs
 from workflows.multi_turn import MultiTurnWorkflow
 from workflows.reward_pool import reward_stats
 from workflows.rewards.toy import toy_reward
@@ -117,7 +117,7 @@ def test_failing_rewards_reject_the_episode_or_score_zero_and_are_counted(engine
 
 
 def test_custom_workflow_by_import_path_end_to_end(engine, tiny_tokenizer):
-    cfg = WorkflowConfig(path="tests.workflows.wf_custom_example:TargetLengthWorkflow",
+    cfg = WorkflowConfig(path="tests.support.wf_custom_example:TargetLengthWorkflow",
                          kwargs={"target_len": 3})
     wf = build_workflow(cfg, _g(n=2, max_new=5), tiny_tokenizer)
     batch = engine.rollout_batch([dict(r) for r in ROWS], wf)

@@ -1,4 +1,4 @@
-"""Reward of the toy visual counting task (``arealite.dataset.toy_vision``): 1.0 iff the first
+"""Reward of the toy visual counting task (``arealite.demo.toy_vision``): 1.0 iff the first
 whole number in the completion equals the row's answer. Pure Python, so it runs inline."""
 
 from __future__ import annotations

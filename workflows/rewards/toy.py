@@ -1,4 +1,4 @@
-"""Reward of the toy arithmetic task (``arealite.dataset.toy_math``): 1.0 iff the completion's
+"""Reward of the toy arithmetic task (``arealite.demo.toy_math``): 1.0 iff the completion's
 ``#### N`` answer equals the row's. Pure Python and microseconds per call, so it runs inline
 (see ``workflows.reward_pool.inline_reward``)."""
 

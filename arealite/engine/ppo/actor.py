@@ -34,6 +34,13 @@ from arealite.api.engine_api import TrainEngine
 from arealite.api.io_struct import VersionClock
 from arealite.api.trajectory import TensorDict
 from arealite.engine.fsdp_engine import FSDPEngine
+from arealite.engine.functional import gather_logprobs, last_true_index
+from arealite.engine.packing import (
+    balanced_partition,
+    select_rows,
+    seqlens_from_mask,
+    unpack_to_padded,
+)
 from arealite.engine.ppo.advantages import kl_shaped_token_rewards, reward_transform
 from arealite.engine.ppo.estimators import (
     ADVANTAGE_ESTIMATORS,
@@ -41,14 +48,7 @@ from arealite.engine.ppo.estimators import (
     overlong_penalty,
 )
 from arealite.engine.ppo.loss import actor_loss, actor_loss_weight
-from arealite.utils.data import (
-    balanced_partition,
-    select_rows,
-    seqlens_from_mask,
-    unpack_to_padded,
-)
-from arealite.utils.functional import gather_logprobs, last_true_index
-from arealite.utils.stats_tracker import StatsTracker
+from arealite.observe.stats_tracker import StatsTracker
 
 
 class PPOActor:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from arealite.utils.functional import last_true_index
+from arealite.engine.functional import last_true_index
 
 
 def reward_transform(

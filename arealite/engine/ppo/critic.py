@@ -19,9 +19,9 @@ from arealite.api.config import PPOCriticConfig
 from arealite.api.engine_api import TrainEngine
 from arealite.api.trajectory import TensorDict
 from arealite.engine.fsdp_engine import FSDPEngine
+from arealite.engine.packing import balanced_partition, select_rows, seqlens_from_mask
 from arealite.engine.ppo.loss import critic_loss
-from arealite.utils.data import balanced_partition, select_rows, seqlens_from_mask
-from arealite.utils.stats_tracker import StatsTracker
+from arealite.observe.stats_tracker import StatsTracker
 
 
 class PPOCritic:

@@ -19,12 +19,12 @@ from typing import Any
 import torch
 
 from arealite.api.config import PPOActorConfig
+from arealite.engine.functional import masked_normalization
 from arealite.engine.ppo.advantages import (
     gae_advantages,
     group_normalization,
     kl_shaped_token_rewards,
 )
-from arealite.utils.functional import masked_normalization
 
 
 @dataclass

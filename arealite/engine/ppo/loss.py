@@ -32,6 +32,7 @@ import torch
 
 from arealite.api.config import PPOActorConfig, PPOCriticConfig
 from arealite.api.trajectory import TensorDict
+from arealite.engine.functional import gather_logprobs, gather_logprobs_entropy
 from arealite.engine.ppo.corrections import behaviour_correction
 from arealite.engine.ppo.policy_losses import (
     LOSS_AGGREGATIONS,
@@ -39,8 +40,7 @@ from arealite.engine.ppo.policy_losses import (
     packed_seq_ids,
     ppo_clip,
 )
-from arealite.utils.functional import gather_logprobs, gather_logprobs_entropy
-from arealite.utils.stats_tracker import ReduceType, StatsTracker
+from arealite.observe.stats_tracker import ReduceType, StatsTracker
 
 
 def ppo_actor_loss_fn(

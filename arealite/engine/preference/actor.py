@@ -22,9 +22,9 @@ import torch
 
 from arealite.api.engine_api import TrainEngine
 from arealite.api.trajectory import TensorDict
+from arealite.engine.functional import gather_logprobs
 from arealite.engine.ppo.policy_losses import packed_seq_ids
 from arealite.engine.preference.losses import chosen_nll, dpo_loss, kto_loss, kto_reference_point
-from arealite.utils.functional import gather_logprobs
 
 
 @torch.no_grad()

@@ -17,7 +17,7 @@ from arealite.api.config import TrainEngineConfig
 from arealite.api.engine_api import TrainEngine
 from arealite.api.trajectory import TensorDict, pad_sequences_to_tensors
 from arealite.engine.fsdp_engine import FSDPEngine
-from arealite.utils.functional import gather_logprobs
+from arealite.engine.functional import gather_logprobs
 
 
 def sft_loss_fn(logits: torch.Tensor, mb: TensorDict) -> torch.Tensor:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from arealite.engine.ppo import advantages as A
-from tests.random_batch import TOL, rand_batch
+from tests.support.random_batch import TOL, rand_batch
 
 
 def test_reward_transform_matches_loop():

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from arealite.api.config import PPOActorConfig
+from arealite.engine.packing import pack_tensor_dict
 from arealite.engine.ppo import corrections as C
 from arealite.engine.ppo import loss as L
-from arealite.utils.data import pack_tensor_dict
-from arealite.utils.stats_tracker import StatsTracker
+from arealite.observe.stats_tracker import StatsTracker
 from tests.engine.ppo.test_policy_losses import (
     LENS,
     _packed,
@@ -20,7 +20,7 @@ from tests.engine.ppo.test_policy_losses import (
     _ref_token_losses,
     _seqs,
 )
-from tests.random_batch import TOL
+from tests.support.random_batch import TOL
 
 
 def _ref_weights(prox, behave, lm, seq_ids, level, mode, cap, floor):

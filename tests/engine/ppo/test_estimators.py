@@ -11,7 +11,7 @@ import torch
 from arealite.api.config import PPOActorConfig
 from arealite.engine.ppo import estimators as E
 from tests.engine.ppo.test_advantages import _ref_gae
-from tests.random_batch import TOL, rand_batch
+from tests.support.random_batch import TOL, rand_batch
 
 G = 4  # group size
 B = 12

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from arealite.engine.ppo import loss as L
-from tests.random_batch import TOL
+from tests.support.random_batch import TOL
 
 
 def _ref_actor_loss(lp, prox, old, adv, lm, eps, eps_hi, c_clip, cap, mode):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from arealite.engine.ppo import policy_losses as P
-from tests.random_batch import TOL
+from tests.support.random_batch import TOL
 
 LENS = [5, 1, 9, 3, 7, 4]
 

@@ -8,10 +8,10 @@ import torch
 from arealite.api.config import OptimizerConfig
 from arealite.api.io_struct import FinetuneSpec
 from arealite.engine.fsdp_engine import FSDPEngine
+from arealite.engine.functional import gather_logprobs
 from arealite.engine.ppo.actor import FSDPPPOActor
 from arealite.utils.fsdp import full_state_dict
-from arealite.utils.functional import gather_logprobs
-from tests.engine.fsdp_helpers import actor_config, engine_config, random_trajectories
+from tests.support.fsdp_helpers import actor_config, engine_config, random_trajectories
 
 SPEC = FinetuneSpec(total_train_epochs=1, dataset_size=40, train_batch_size=4)
 

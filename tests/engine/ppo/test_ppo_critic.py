@@ -9,7 +9,7 @@ from arealite.api.io_struct import FinetuneSpec
 from arealite.engine.ppo.actor import FSDPPPOActor
 from arealite.engine.ppo.advantages import gae_advantages, kl_shaped_token_rewards
 from arealite.engine.ppo.critic import FSDPPPOCritic
-from tests.engine.fsdp_helpers import actor_config, random_trajectories
+from tests.support.fsdp_helpers import actor_config, random_trajectories
 
 
 def test_ppo_with_gae_and_a_learning_critic(tiny_model_dir):

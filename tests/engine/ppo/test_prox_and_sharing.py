@@ -12,9 +12,9 @@ import torch
 from arealite.api.io_struct import FinetuneSpec
 from arealite.api.trajectory import pad_sequences_to_tensors
 from arealite.engine.ppo.actor import FSDPPPOActor
-from arealite.trainer.rollout_stats import batch_rollout_stats
+from arealite.observe.rollout_stats import batch_rollout_stats
 from arealite.utils.fsdp import full_state_dict, load_full_state_dict
-from tests.engine.fsdp_helpers import actor_config
+from tests.support.fsdp_helpers import actor_config
 
 SPEC = FinetuneSpec(total_train_epochs=1, dataset_size=40, train_batch_size=4)
 TOL = 1e-6

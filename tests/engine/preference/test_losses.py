@@ -10,7 +10,7 @@ import torch
 
 from arealite.engine.preference import losses as L
 from tests.engine.ppo.test_areal_parity import areal  # noqa: F401 (fixture)
-from tests.random_batch import TOL
+from tests.support.random_batch import TOL
 
 
 def _rand(seed: int, n: int = 9):
@@ -84,10 +84,10 @@ def test_kto_reference_point_is_one_mean_over_all_ranks(tmp_path):
     import json
     from pathlib import Path
 
-    from tests.engine.preference.kto_z0_peer import rows
-    from tests.procs import run_gloo_peers
+    from tests.support.kto_z0_peer import rows
+    from tests.support.procs import run_gloo_peers
 
-    outs = run_gloo_peers(Path(__file__).with_name("kto_z0_peer.py"), tmp_path)
+    outs = run_gloo_peers(Path(__file__).resolve().parents[2] / "support" / "kto_z0_peer.py", tmp_path)
     z = [json.loads(o.read_text()) for o in outs]
     (a, ra), (b, rb) = rows(0), rows(1)
     pooled = torch.cat([a - ra, b - rb])

@@ -10,13 +10,13 @@ import torch
 from arealite.api.config import OptimizerConfig
 from arealite.api.io_struct import FinetuneSpec
 from arealite.engine.fsdp_engine import FSDPEngine
+from arealite.engine.functional import gather_logprobs
 from arealite.engine.ppo.policy_losses import packed_seq_ids
 from arealite.engine.preference.actor import PreferenceActor, sequence_logps
 from arealite.engine.preference.losses import dpo_loss
 from arealite.engine.sft.lm_engine import build_sft_batch
 from arealite.utils.fsdp import full_state_dict
-from arealite.utils.functional import gather_logprobs
-from tests.engine.fsdp_helpers import engine_config
+from tests.support.fsdp_helpers import engine_config
 
 SPEC = FinetuneSpec(total_train_epochs=1, dataset_size=40, train_batch_size=4)
 LINEAR_OPT = OptimizerConfig(lr=1.0, eps=1.0, gradient_clipping=1e9)  # update ~ gradient

@@ -20,7 +20,7 @@ from arealite.engine.preference.reward_model import (
 )
 from arealite.engine.sft.lm_engine import build_sft_batch
 from arealite.utils.fsdp import full_state_dict
-from tests.engine.fsdp_helpers import engine_config
+from tests.support.fsdp_helpers import engine_config
 
 SPEC = FinetuneSpec(total_train_epochs=1, dataset_size=40, train_batch_size=4)
 LINEAR_OPT = OptimizerConfig(lr=1.0, eps=1.0, gradient_clipping=1e9)  # update ~ gradient

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from arealite.engine.functional import gather_logprobs
 from arealite.engine.preference.losses import chosen_nll, dpo_loss, kto_loss, kto_reference_point
-from arealite.utils.functional import gather_logprobs
 
 trl = pytest.importorskip("trl", reason="trl is installed by make setup")
 
@@ -36,7 +36,7 @@ def _models(tiny_model_dir):
 def _seq_logps(model, batch, ids_key="input_ids", mask_key="attention_mask",
                comp_key="completion_mask"):
     """Summed completion log-probability of each row and its completion length, computed our
-    way (arealite.utils.functional.gather_logprobs) on TRL's collated tensors."""
+    way (arealite.engine.functional.gather_logprobs) on TRL's collated tensors."""
     skip = {"completion_mask", "ref_chosen_logps", "ref_rejected_logps", "label", "ref_logps",
             "ref_KL_logps", "KL_input_ids", "KL_attention_mask", "KL_completion_mask"}
     kw = {k: v for k, v in batch.items() if k not in skip and isinstance(v, torch.Tensor)}

@@ -7,9 +7,9 @@ import torch
 
 from arealite.api.config import OptimizerConfig
 from arealite.api.io_struct import FinetuneSpec
-from arealite.dataset.toy_math import generate_toy_math
+from arealite.demo.toy_math import generate_toy_math
 from arealite.engine.sft.lm_engine import FSDPLMEngine, build_sft_batch
-from tests.engine.fsdp_helpers import engine_config
+from tests.support.fsdp_helpers import engine_config
 
 
 @pytest.fixture(scope="module")

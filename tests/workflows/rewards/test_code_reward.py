@@ -2,7 +2,7 @@ import time
 
 import pytest
 
-from tests.workflows.wf_procs import sandbox_processes
+from tests.support.wf_procs import sandbox_processes
 from workflows.rewards.code import code_reward, extract_code
 
 TESTS = [{"input": "3\n", "output": "9"}, {"input": "5\n", "output": "25"}, {"input": "-2\n", "output": "4"}]

@@ -2,7 +2,7 @@ from fractions import Fraction
 
 import pytest
 
-from arealite.dataset.toy_math import generate_toy_math
+from arealite.demo.toy_math import generate_toy_math
 from workflows.reward_pool import is_inline
 from workflows.rewards.toy import extract_hash_answer, toy_reward
 

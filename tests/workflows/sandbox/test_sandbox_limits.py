@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from tests.workflows.wf_procs import sandbox_processes as _sandbox_processes
+from tests.support.wf_procs import sandbox_processes as _sandbox_processes
 from workflows.sandbox import SandboxLimits, normalize_tests, run_tests, sandbox_layers
 
 # Every test here but the last runs the sandbox (several processes): integration.

@@ -1,0 +1,148 @@
+"""LoRA weight pushes: each version is a new adapter beside the old ones, nothing is paused.
+
+A LoRA run's trainer writes only its adapter for version k and names it ``<run>-v<k>``
+(``WeightUpdateMeta.lora_name``). ``AdapterVersions.push`` loads it on every server with the
+backend's load call (SGLang's ``/load_lora_adapter``, vLLM's ``/v1/load_lora_adapter``; in memory,
+``weight_update.type=tensor``: the trainer posts SGLang's ``/load_lora_adapter_from_tensors``
+itself and this waits for it, as for a full-weight tensor update) while
+generation goes on; once every server has it, it becomes ``current`` and each new request (and
+each resumed segment) names it in its body (``lora_path``). A request in flight keeps the adapter
+it was sent with, so its tokens all carry that adapter's version, exactly, without an abort.
+Versions older than the staleness bound (``max_head_offpolicyness``) are then unloaded: a server
+lets requests already running on an unloaded adapter finish on it.
+
+The client engine (``RemoteSGLangEngine``) owns one of these and hands it to the engines that
+share its version clock, so evaluation uses the same adapter as training.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+import aiohttp
+
+from arealite.api.io_struct import (
+    WeightUpdateError,
+    WeightUpdateMeta,
+    WeightUpdateReport,
+    WeightUpdateType,
+)
+from arealite.weights.fanout import WeightSync
+from arealite.weights.shared_tensors import LORA_FROM_TENSORS_PATH, lora_tensors_body
+from arealite.weights.tensor_sync import await_tensor_push
+
+logger = logging.getLogger("arealite.weights.lora_adapters")
+
+
+class AdapterVersions:
+    """The adapter versions of one LoRA run held by the servers, and the one requests use."""
+
+    def __init__(self, max_staleness: int) -> None:
+        self.max_staleness = max_staleness
+        # (name, version) requests are sent with; None: the base model (no adapter pushed yet)
+        self.current: tuple[str, int] | None = None
+        # version -> (adapter name, folder; None: pushed in memory)
+        self.loaded: dict[int, tuple[str, str | None]] = {}
+        self.tensors: tuple[dict, dict] | None = None  # the current in-memory push's adapter
+
+    async def push(self, session: aiohttp.ClientSession, addrs: list[str],
+                   meta: WeightUpdateMeta, sync: WeightSync,
+                   on_pause: Callable[[bool], None] | None = None) -> WeightUpdateReport:
+        """Load ``meta.lora_name`` on ``addrs``, make it current, unload the versions past the
+        staleness bound. No pause, unless ``meta.lora_pause``: then the servers are paused
+        (``pause_mode``) around the load, as for a full-weight update, and the requests cut by
+        it resume on the new adapter (``on_pause`` as in ``WeightSync.run``). Raises
+        ``WeightUpdateError`` (with ``.report``) when no server loaded it."""
+        t0 = time.monotonic()
+        proto = sync.protocol
+        report = WeightUpdateReport(version=meta.version)
+        timeout = min(sync.step_timeout, meta.timeout)
+        in_memory = meta.type == WeightUpdateType.TENSOR
+        paused: list[str] = []
+        try:
+            if not in_memory and (meta.type != WeightUpdateType.DISK or not meta.path):
+                raise WeightUpdateError("a LoRA adapter is pushed through disk or tensor "
+                                        "(weight_update.type)")
+            if not in_memory:
+                await sync.wait_disk_ready(meta, timeout)  # before any pause: it can be long
+            if meta.lora_pause:
+                if on_pause is not None:
+                    on_pause(True)
+                path, body = proto.pause_call(sync.pause_mode)
+                addrs = paused = await sync.fan_out(session, addrs, path, body, report.failed,
+                                                    timeout)
+            report.updated = await self._load(session, addrs, meta, sync, report, timeout)
+            self.current = (meta.lora_name, meta.version)  # before continuing: resumed
+            # segments of the requests a pause cut carry the new adapter
+        except WeightUpdateError as e:
+            e.report = report
+            meta.abort_reason = meta.abort_reason or str(e)
+            raise
+        finally:
+            if meta.lora_pause:
+                await sync.fan_out(session, paused, proto.continue_path, {}, {}, timeout)
+                if on_pause is not None:
+                    on_pause(False)
+            report.seconds = time.monotonic() - t0
+        self.loaded[meta.version] = (meta.lora_name, None if in_memory else str(meta.path))
+        if in_memory:
+            self.tensors = meta.lora_tensors
+        for v in sorted(v for v in self.loaded if v < meta.version - self.max_staleness):
+            # failures only logged: a leftover adapter costs memory, never correctness
+            await sync.fan_out(session, report.updated, proto.lora_paths[1],
+                               {"lora_name": self.loaded.pop(v)[0]}, {}, timeout)
+        report.seconds = time.monotonic() - t0
+        logger.debug("LoRA adapter %s on %d server(s) in %.3f s", meta.lora_name,
+                     len(report.updated), report.seconds)
+        return report
+
+    async def _load(self, session: aiohttp.ClientSession, addrs: list[str],
+                    meta: WeightUpdateMeta, sync: WeightSync, report: WeightUpdateReport,
+                    timeout: float) -> list[str]:
+        """The servers of ``addrs`` that loaded the adapter (from its folder, or in memory by
+        the trainer's own posts); raises ``WeightUpdateError`` when none did."""
+        if not self.loaded:  # a restarted trainer: servers may hold this name already
+            await asyncio.gather(*(self._unload_quietly(session, a, meta.lora_name, sync)
+                                   for a in addrs))
+        if meta.type == WeightUpdateType.TENSOR:
+            updated, why = await await_tensor_push(list(addrs), meta, report.failed, timeout,
+                                                   route=LORA_FROM_TENSORS_PATH)
+            if why is not None:
+                raise WeightUpdateError(f"LoRA adapter {meta.lora_name}: {why}")
+        else:
+            body = {"lora_name": meta.lora_name, "lora_path": str(meta.path)}
+            updated = await sync.fan_out(session, addrs, sync.protocol.lora_paths[0], body,
+                                         report.failed, timeout)
+        if not updated:
+            raise WeightUpdateError(
+                f"LoRA adapter {meta.lora_name} failed on every server: "
+                + "; ".join(f"{a}: {r}" for a, r in report.failed.items()))
+        return updated
+
+    async def readmit(self, session: aiohttp.ClientSession, addr: str, sync: WeightSync) -> bool:
+        """A server back after a failure (the health probe): load the current adapter on it
+        afresh; True once it holds it. Its base weights never moved: nothing else to check."""
+        name, version = self.current
+        await self._unload_quietly(session, addr, name, sync)
+        folder = self.loaded[version][1]
+        if folder is None:  # pushed in memory: send the adapter the trainer handed over
+            if self.tensors is None:
+                return False
+            path, body = LORA_FROM_TENSORS_PATH, lora_tensors_body(name, *self.tensors)
+        else:
+            path, body = sync.protocol.lora_paths[0], {"lora_name": name, "lora_path": folder}
+        reason = await sync._post(session, addr, path, body, sync.step_timeout,
+                                  headers=sync.admin_headers)
+        if reason is not None:
+            logger.warning("server %s cannot load adapter %s: %s", addr, name, reason)
+        return reason is None
+
+    @staticmethod
+    async def _unload_quietly(session: aiohttp.ClientSession, addr: str, name: str,
+                              sync: WeightSync) -> None:
+        """Unload ``name`` where it may be loaded (a 400 for an unknown name is expected)."""
+        await sync._post(session, addr, sync.protocol.lora_paths[1], {"lora_name": name},
+                         min(10.0, sync.step_timeout), headers=sync.admin_headers)

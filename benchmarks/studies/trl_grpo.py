@@ -1,0 +1,198 @@
+"""TRL's ``GRPOTrainer`` on the toy arithmetic task: the TRL side of ``benchmarks/studies/vs_trl.py``.
+
+Runs in the TRL virtualenv (``make setup-trl``), never in arealite's: it imports TRL,
+transformers and torch, plus only the repo's pure-Python toy grader
+(``workflows.rewards.toy.toy_reward``, whose imports are the standard library and
+``arealite.api.reward_api``), so both systems score completions with the same function.
+
+    .venv-trl/bin/python benchmarks/studies/trl_grpo.py --model DIR --data DIR --out RESULT.json [...]
+
+What it does: GRPO from the given (SFT) checkpoint on ``DATA/train.jsonl`` with
+``use_vllm=False`` on the CPU in fp32, generation in line with training (TRL's own path),
+without gradient checkpointing (TRL's default is on; nothing to save on a ~1M-parameter
+model). Every ``--eval-every`` optimizer steps (and before the first) a callback measures
+greedy accuracy on ``DATA/valid.jsonl`` with the same grader and the same ``--max-new-tokens``; its seconds are
+kept off the training clock. Training stops once the training clock passes ``--seconds`` (after
+an evaluation). The result JSON holds the evaluation curve ``[[step, train_seconds, accuracy]]``,
+the steps, the training seconds and the time spent in generation + scoring (TRL's
+``_generate_and_score_completions``) versus the rest of the step (forward, backward, AdamW).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # the toy grader only (pure Python)
+
+from workflows.rewards.toy import toy_reward  # noqa: E402
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def as_prompt(row: dict[str, Any]) -> list[dict[str, str]]:
+    """The row as one user message: arealite's RLVR workflow renders the same conversation
+    through the tokenizer's chat template (``workflows.prompting.encode_prompt``)."""
+    return [{"role": "user", "content": str(row["question"])}]
+
+
+def completion_text(completion: Any) -> str:
+    """TRL passes a conversational completion as ``[{"role": "assistant", "content": ...}]``."""
+    if isinstance(completion, list):
+        return "".join(str(m.get("content", "")) for m in completion)
+    return str(completion)
+
+
+def toy_reward_trl(prompts: list, completions: list, answer: list[str], **_: Any) -> list[float]:
+    """TRL's reward-function signature over the repo's toy grader."""
+    return [toy_reward("", completion_text(c), answer=a) for c, a in zip(completions, answer)]
+
+
+def greedy_accuracy(model: Any, tokenizer: Any, rows: list[dict[str, Any]], max_new_tokens: int,
+                    batch: int = 256) -> float:
+    """Mean toy reward of greedy completions over ``rows`` (left-padded batched ``generate``)."""
+    import torch
+
+    was_training = model.training
+    model.eval()
+    side = tokenizer.padding_side
+    tokenizer.padding_side = "left"
+    hits = 0.0
+    try:
+        for i in range(0, len(rows), batch):
+            chunk = rows[i: i + batch]
+            enc = tokenizer.apply_chat_template([as_prompt(r) for r in chunk], add_generation_prompt=True,
+                                                tokenize=True, padding=True, return_dict=True,
+                                                return_tensors="pt")
+            with torch.no_grad():
+                out = model.generate(**enc, do_sample=False, max_new_tokens=max_new_tokens,
+                                     eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+            texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+            hits += sum(toy_reward("", t, answer=r["answer"]) for t, r in zip(texts, chunk))
+    finally:
+        tokenizer.padding_side = side
+        model.train(was_training)
+    return hits / max(len(rows), 1)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True, help="the SFT checkpoint (HF folder with tokenizer)")
+    p.add_argument("--data", required=True, help="folder with train.jsonl and valid.jsonl")
+    p.add_argument("--out", required=True, help="where the result JSON goes")
+    p.add_argument("--seconds", type=float, required=True, help="training seconds (evaluations excluded)")
+    p.add_argument("--prompts", type=int, default=8, help="prompts per optimizer step")
+    p.add_argument("--samples", type=int, default=8, help="completions per prompt")
+    p.add_argument("--max-new-tokens", type=int, default=5)
+    p.add_argument("--lr", type=float, default=2e-4)
+    p.add_argument("--min-lr-ratio", type=float, default=0.2, help="cosine schedule's floor")
+    p.add_argument("--max-steps", type=int, default=375, help="length of the lr schedule")
+    p.add_argument("--eval-every", type=int, default=10)
+    p.add_argument("--eval-prompts", type=int, default=0, help="0: the whole held-out set")
+    p.add_argument("--threads", type=int, default=2, help="torch threads")
+    p.add_argument("--seed", type=int, default=1)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    import tempfile
+
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    torch.set_num_threads(a.threads)
+    data = Path(a.data)
+    train = Dataset.from_list([{"prompt": as_prompt(r), "answer": r["answer"]}
+                               for r in read_rows(data / "train.jsonl")])
+    valid = read_rows(data / "valid.jsonl")
+    valid = valid[: a.eval_prompts] if a.eval_prompts else valid
+    tokenizer = AutoTokenizer.from_pretrained(a.model)
+    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32)
+
+    phase = {"generate_s": 0.0}
+
+    class TimedGRPOTrainer(GRPOTrainer):
+        """Times TRL's generation + scoring phase (the rest of the step is the update)."""
+
+        def _generate_and_score_completions(self, inputs: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return super()._generate_and_score_completions(inputs)
+            finally:
+                phase["generate_s"] += time.perf_counter() - t
+
+    class EvalClock(TrainerCallback):
+        """Greedy held-out accuracy every N steps, off the training clock; stops on the budget."""
+
+        def __init__(self) -> None:
+            self.curve: list[list[float]] = []
+            self.eval_s = 0.0
+            self.t0 = 0.0
+
+        def train_seconds(self) -> float:
+            return time.perf_counter() - self.t0 - self.eval_s
+
+        def evaluate(self, step: int, model: Any) -> None:
+            te = time.perf_counter()
+            trained = self.train_seconds() if self.t0 else 0.0
+            acc = greedy_accuracy(model, tokenizer, valid, a.max_new_tokens)
+            self.curve.append([step, trained, acc])
+            print(f"trl step {step}: train {trained:.1f}s, held-out accuracy {acc:.3f}", flush=True)
+            self.eval_s += time.perf_counter() - te
+
+        def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
+            self.evaluate(0, model)
+            self.t0 = time.perf_counter()
+            self.eval_s = 0.0
+
+        def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> Any:
+            over = self.train_seconds() >= a.seconds
+            if over or state.global_step % a.eval_every == 0 or state.global_step >= state.max_steps:
+                self.evaluate(state.global_step, model)
+            if over:
+                control.should_training_stop = True
+            return control
+
+    clock = EvalClock()
+    with tempfile.TemporaryDirectory(prefix="trl-grpo-") as out_dir:
+        args = GRPOConfig(
+            output_dir=out_dir, use_cpu=True, bf16=False, fp16=False, seed=a.seed,
+            per_device_train_batch_size=a.prompts * a.samples, gradient_accumulation_steps=1,
+            num_generations=a.samples, max_completion_length=a.max_new_tokens, temperature=1.0,
+            learning_rate=a.lr, lr_scheduler_type="cosine_with_min_lr",
+            lr_scheduler_kwargs={"min_lr_rate": a.min_lr_ratio}, warmup_steps=0, weight_decay=0.0,
+            max_grad_norm=1.0, max_steps=a.max_steps, beta=0.0, epsilon=0.2, use_vllm=False,
+            logging_steps=a.eval_every, report_to="none", save_strategy="no", disable_tqdm=True,
+            dataloader_num_workers=0,
+            # TRL defaults to recomputing activations in the backward (memory for compute); a
+            # ~1M-parameter model needs no memory saved, so TRL gets its faster setting
+            gradient_checkpointing=False,
+        )
+        trainer = TimedGRPOTrainer(model=model, reward_funcs=toy_reward_trl, args=args, train_dataset=train,
+                                   processing_class=tokenizer, callbacks=[clock])
+        trainer.train()
+    steps = int(trainer.state.global_step)
+    last = clock.curve[-1]
+    train_s = float(last[1])
+    result = {"steps": steps, "train_s": train_s, "curve": clock.curve, "eval_s": clock.eval_s,
+              "phases": {"generate": phase["generate_s"] / max(steps, 1),
+                         "train": max(train_s - phase["generate_s"], 0.0) / max(steps, 1)},
+              "versions": {"torch": torch.__version__, "trl": __import__("trl").__version__,
+                           "transformers": __import__("transformers").__version__},
+              "threads": a.threads}
+    Path(a.out).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,440 @@
+"""arealite against TRL's ``GRPOTrainer`` on the main job's task, one after the other in one run.
+
+    python -m benchmarks.studies.vs_trl [--quick] [--seconds S] [--target ACC] [--systems trl,async,sync]
+                                [--seeds 1,2,3] [--trl-threads 1] [--override KEY=VALUE ...]
+
+Needs TRL's virtualenv: ``make setup-trl`` (``benchmarks/trl_requirements.txt``, pinned).
+
+Common to every system: the main job's tiny Qwen2 model and SFT warm start (built as ``make
+run`` builds them when missing, under ``{fileroot}/assets``), the toy arithmetic task's
+training rows, grader (``workflows.rewards.toy.toy_reward``) and held-out set, evaluated greedily
+with the same max new tokens every ``--eval-every`` optimizer steps; the issue's per-step shape
+(``--prompts`` prompts x ``--samples`` samples, default 8 x 8; the main job runs 16 x 8), at
+most 5 new tokens (``#### N`` and EOS fit; the main job allows 10), learning rate (2e-4,
+cosine to 0.2x over two epochs), clip 0.2, no KL term, gradient clipping 1.0, AdamW without
+weight decay, fp32 on the CPU, no checkpoints, the seed (``--seeds``: every system once per
+seed). Each system trains for ``--seconds`` of training time (evaluations excluded):
+
+- ``trl``: ``GRPOTrainer`` (``use_vllm=False``, generation in line) in the TRL virtualenv
+  (``benchmarks/studies/trl_grpo.py``), one process with ``--trl-threads`` torch threads (default: the
+  machine's cores), without gradient checkpointing (its default; nothing to save here).
+  Otherwise TRL's defaults (advantages against the group mean scaled by the group's std,
+  ``loss_type="dapo"``: token mean over the batch, one optimizer step per batch).
+- ``async``: ``configs/toy_grpo.yaml`` through the local launcher (embedded server + trainer,
+  the cores split between them, eta = 2); ``sync``: ``configs/toy_grpo_sync.yaml`` (eta = 0).
+  Both with ``ALGORITHM`` (below): TRL's estimator (``adv_estimator=grpo``) and PPO's clip
+  against the behaviour logprobs (``use_decoupled_loss=false, recompute_logprob=false``)
+  instead of the main job's batch-normalised advantages and decoupled loss; weight pushes that
+  pause generation in place (``rollout.pause_mode=in_place``) rather than abort it; and without
+  the main job's recovery checkpoint every 10 steps (TRL saves nothing).
+
+Figures per system: steps, seconds per step (training seconds / steps), the phase times,
+held-out accuracy against training seconds, and the training seconds to the first evaluation at
+or above ``--target``. Headlines: arealite async / TRL for seconds per step (target <= 0.7) and
+for time to target accuracy (target <= 0.5); with several seeds, each seed's ratios and the
+ratios of the means over seeds (which carry the targets: the first crossing of a noisy held-out
+curve moves by ~60% from seed to seed, on both sides). Writes
+``benchmarks/results/vs_trl[_TAG].json`` and a PNG of the accuracy curves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "benchmarks" / "results"
+CONFIGS = {"async": ROOT / "configs" / "toy_grpo.yaml", "sync": ROOT / "configs" / "toy_grpo_sync.yaml"}
+SYSTEMS = ("trl", "async", "sync")
+LABELS = {"trl": "TRL GRPOTrainer", "async": "arealite async (eta=2)", "sync": "arealite sync"}
+
+
+def run_key(name: str, seed: int, seeds: list[int]) -> str:
+    """A run's key (and trial folder): the system's name, ``-sN`` added when several seeds run."""
+    return name if len(seeds) == 1 else f"{name}-s{seed}"
+
+
+def split_key(key: str) -> tuple[str, int | None]:
+    """``async-s2`` -> (``async``, 2); ``trl-1t`` -> (``trl-1t``, None)."""
+    head, _, tail = key.rpartition("-s")
+    return (head, int(tail)) if head and tail.isdigit() else (key, None)
+
+
+def label(key: str) -> str:
+    """``trl-2t`` -> ``TRL GRPOTrainer, 2 threads``; arealite's names from LABELS; a seed
+    suffix (``-s2``) -> ``, seed 2``."""
+    name, seed = split_key(key)
+    return _label(name) + ("" if seed is None else f", seed {seed}")
+
+
+def _label(name: str) -> str:
+    if name.startswith("trl-") and name.endswith("t"):
+        n = name[4:-1]
+        return f"{LABELS['trl']}, {n} thread{'' if n == '1' else 's'}"
+    return LABELS.get(name, name)
+TARGET_STEP_RATIO, TARGET_TTA_RATIO = 0.7, 0.5
+# arealite's algorithm choices for this comparison (both arealite runs; ``--override`` wins):
+# TRL's estimator (group mean and std), and PPO's clip taken against the behaviour policy that
+# sampled the tokens, not the decoupled loss's proximal policy. With one optimizer step per batch
+# the proximal policy is the current one, so the decoupled clip never binds (ratio 1, as in TRL)
+# and nothing bounds the first steps' overshoot; against the behaviour policy (up to eta versions
+# old) the clip is a trust region over the last eta updates. Measured (8 x 8, 5 tokens, seeds 1
+# and 2): first held-out accuracy >= 0.70 at steps 80 and 100, against 200-250 with the main
+# job's choices and 150-240 for TRL. ``docs/benchmarks.md`` has the runs.
+ALGORITHM = ["actor.adv_estimator=grpo", "actor.use_decoupled_loss=false", "actor.recompute_logprob=false"]
+Curve = list[tuple[float, float]]  # (training seconds, held-out accuracy)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="60 s per system, target 0.5")
+    p.add_argument("--seconds", type=float, default=None, help="training seconds per system (default 300)")
+    p.add_argument("--target", type=float, default=None, help="held-out accuracy target (default 0.7; 0.5 with --quick)")
+    p.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated, from {SYSTEMS}")
+    p.add_argument("--prompts", type=int, default=8, help="prompts per step")
+    p.add_argument("--samples", type=int, default=8, help="samples per prompt")
+    p.add_argument("--max-new-tokens", type=int, default=5)
+    p.add_argument("--lr", type=float, default=2e-4)
+    p.add_argument("--eval-every", type=int, default=10, help="optimizer steps between evaluations")
+    p.add_argument("--eval-prompts", type=int, default=0, help="0: the whole held-out set")
+    p.add_argument("--trl-python", default=str(ROOT / ".venv-trl" / "bin" / "python"))
+    p.add_argument("--trl-threads", default=",".join(sorted({"1", str(os.cpu_count() or 1)})),
+                   help="torch threads of TRL's process; a comma list runs TRL once per count and "
+                        "compares arealite with the best (on a loaded machine one thread can win)")
+    p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                   help="a config override for both arealite runs (repeatable)")
+    p.add_argument("--seeds", default="1", help="comma-separated seeds (data order, sampling); "
+                   "several run every system once per seed and the headlines are means over them")
+    p.add_argument("--fileroot", default=str(ROOT / "outputs"))
+    p.add_argument("--tag", default=None, help="results file suffix (default: quick or none)")
+    a = p.parse_args(argv)
+    a.seconds = a.seconds if a.seconds is not None else (60.0 if a.quick else 300.0)
+    a.target = a.target if a.target is not None else (0.5 if a.quick else 0.7)
+    a.systems = [s.strip() for s in a.systems.split(",") if s.strip()]
+    try:
+        a.trl_threads = sorted({int(t) for t in str(a.trl_threads).split(",") if t.strip()})
+    except ValueError:
+        p.error(f"--trl-threads: comma-separated integers, not {a.trl_threads!r}")
+    if not a.trl_threads or min(a.trl_threads) < 1:
+        p.error("--trl-threads: at least one count, each >= 1")
+    try:
+        a.seeds = sorted({int(s) for s in str(a.seeds).split(",") if s.strip()})
+    except ValueError:
+        p.error(f"--seeds: comma-separated integers, not {a.seeds!r}")
+    if not a.seeds:
+        p.error("--seeds: at least one seed")
+    bad = [s for s in a.systems if s not in SYSTEMS]
+    if bad or not a.systems:
+        p.error(f"--systems: unknown {bad or 'empty list'}; choose from {', '.join(SYSTEMS)}")
+    if a.seconds <= 0 or not 0 < a.target <= 1 or min(a.prompts, a.samples, a.max_new_tokens, a.eval_every) < 1:
+        p.error("--seconds > 0, 0 < --target <= 1, and --prompts/--samples/--max-new-tokens/--eval-every >= 1")
+    return a
+
+
+# --------------------------------------------------------------------------- pure figures
+
+
+def time_to_target(curve: Curve, target: float) -> float | None:
+    """Training seconds of the first evaluation at or above ``target`` (None: never reached)."""
+    # accuracies come as float32 means (0.7 arrives as 0.69999998): compare with a tolerance
+    return next((t for t, acc in sorted(curve) if acc >= target - 1e-6), None)
+
+
+def tta_ratio(ours: dict[str, Any], theirs: dict[str, Any]) -> tuple[float | None, str]:
+    """Time-to-target ratio ours / theirs and how to read it: ``exact``; ``upper bound`` when
+    only ours reached it (theirs would take longer than its whole budget); ``lower bound`` when
+    only theirs did (ours took longer than its whole training time); None when neither did."""
+    a, b = ours.get("tta_s"), theirs.get("tta_s")
+    if a is not None and b is not None:
+        return (a / b if b > 0 else None), "exact"
+    if a is not None and theirs.get("train_s"):
+        return a / theirs["train_s"], "upper bound"
+    if b is not None and b > 0 and ours.get("train_s"):
+        return ours["train_s"] / b, "lower bound"
+    return None, "not reached"
+
+
+def arealite_summary(records: list[dict[str, Any]], target: float) -> dict[str, Any]:
+    """Figures of an arealite run from its metrics.jsonl records."""
+    steps = sorted((r for r in records if r.get("step", 0) >= 1 and "timeperf/step" in r), key=lambda r: r["step"])
+    if not steps:
+        raise ValueError("no step records in the metrics")
+    curve: Curve = [(0.0 if r["step"] == 0 else float(r.get("timeperf/train_elapsed", 0.0)), float(r["eval/accuracy"]))
+                    for r in records if isinstance(r.get("eval/accuracy"), (int, float))]
+    train_s = float(steps[-1]["timeperf/train_elapsed"])
+    n = len(steps)
+    phases = {p: sum(float(r.get(f"timeperf/{p}", 0.0)) for r in steps) / n
+              for p in ("rollout_wait", "logp", "update", "weight_sync")}
+    return finish({"steps": n, "train_s": train_s, "curve": curve, "phases": phases}, target)
+
+
+def trl_summary(result: dict[str, Any], target: float) -> dict[str, Any]:
+    """Figures of the TRL run from ``benchmarks/studies/trl_grpo.py``'s result JSON."""
+    curve: Curve = [(float(t), float(acc)) for _, t, acc in result["curve"]]
+    return finish({"steps": int(result["steps"]), "train_s": float(result["train_s"]), "curve": curve,
+                   "phases": dict(result.get("phases", {}))}, target)
+
+
+def finish(s: dict[str, Any], target: float) -> dict[str, Any]:
+    s["step_s"] = s["train_s"] / s["steps"] if s["steps"] else None
+    s["tta_s"] = time_to_target(s["curve"], target)
+    s["final_acc"] = s["curve"][-1][1] if s["curve"] else None
+    s["best_acc"] = max((acc for _, acc in s["curve"]), default=None)
+    return s
+
+
+def _f(v: Any, spec: str = ".2f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def table(runs: dict[str, dict[str, Any]], target: float) -> str:
+    rows = ["| system | steps | training s | s / step | phases (s / step) | initial → final acc (best) "
+            f"| s to {target:.2f} |", "|---|---|---|---|---|---|---|"]
+    for name, s in runs.items():
+        ph = ", ".join(f"{k} {v:.3f}" for k, v in s["phases"].items())
+        acc = f"{_f(s['curve'][0][1] if s['curve'] else None)} → {_f(s['final_acc'])} ({_f(s['best_acc'])})"
+        rows.append(f"| {label(name)} | {s['steps']} | {s['train_s']:.1f} | {_f(s['step_s'], '.3f')} "
+                    f"| {ph} | {acc} | {_f(s['tta_s'], '.1f')} |")
+    return "\n".join(rows)
+
+
+def best_trl(runs: dict[str, dict[str, Any]]) -> tuple[str, str] | None:
+    """TRL at its best among its thread counts: (the fastest per step, the earliest to the
+    target); None without a TRL run."""
+    trls = {k: v for k, v in runs.items() if k == "trl" or k.startswith("trl-")}
+    if not trls:
+        return None
+    fast = min(trls, key=lambda k: trls[k]["step_s"] or float("inf"))
+    first = min(trls, key=lambda k: (trls[k]["tta_s"] is None, trls[k]["tta_s"] or 0.0, -trls[k]["train_s"]))
+    return fast, first
+
+
+def headlines(runs: dict[str, dict[str, Any]], target: float) -> list[str]:
+    """The ratio lines (``... VALUE (target ...)``, read by ``benchmarks/harness/report.py``). With
+    several seeds: each seed's lines (no target), then the means over seeds (the targets)."""
+    seeds = sorted({split_key(k)[1] or 0 for k in runs})
+    if len(seeds) <= 1:
+        return seed_headlines(runs, target, targets=True)
+    by_seed = {seed: {split_key(k)[0]: v for k, v in runs.items() if split_key(k)[1] == seed} for seed in seeds}
+    out = [f"seed {seed}: {line}" for seed in seeds for line in seed_headlines(by_seed[seed], target, targets=False)]
+    return out + mean_headlines(by_seed, target)
+
+
+def seed_headlines(runs: dict[str, dict[str, Any]], target: float, targets: bool) -> list[str]:
+    """The ratio lines of one seed's runs (keys without a seed suffix)."""
+    best = best_trl(runs)
+    if best is None:
+        return []
+    fast, first = best
+    out = []
+    for name in ("async", "sync"):
+        if name not in runs:
+            continue
+        s, tag = runs[name], "" if name == "async" and targets else " (no target)"
+        trl = runs[fast]
+        if s["step_s"] and trl["step_s"]:
+            line = f"arealite {name} / TRL seconds per step: {s['step_s'] / trl['step_s']:.2f}x"
+            out.append(line + (f" (target <= {TARGET_STEP_RATIO})" if not tag else tag) + f" [{label(fast)}]")
+        trl = runs[first]
+        ratio, how = tta_ratio(s, trl)
+        what = f"arealite {name} / TRL time to {target:.2f} held-out accuracy"
+        if ratio is None:
+            out.append(f"{what}: {how} (arealite {_f(s['tta_s'], '.1f')} s, TRL {_f(trl['tta_s'], '.1f')} s)")
+        else:
+            note = {"upper bound": f" [an upper bound: TRL did not reach it in {trl['train_s']:.0f} s]",
+                    "lower bound": f" [a lower bound: arealite {name} did not reach it in {s['train_s']:.0f} s]",
+                    }.get(how, "")
+            out.append(f"{what}: {ratio:.2f}x" + (f" (target <= {TARGET_TTA_RATIO})" if not tag else tag)
+                       + note + f" [{label(first)}]")
+    return out
+
+
+def mean_headlines(by_seed: dict[int, dict[str, dict[str, Any]]], target: float) -> list[str]:
+    """Ratios of the means over seeds (TRL at its best in each seed): seconds per step, and
+    time to ``target`` when every run of both sides reached it."""
+    seeds = sorted(by_seed)
+    best = {seed: best_trl(runs) for seed, runs in by_seed.items()}
+    if any(b is None for b in best.values()):
+        return []
+    over = f"(mean over seeds {','.join(map(str, seeds))})"
+    out = []
+    for name in ("async", "sync"):
+        if any(name not in by_seed[seed] for seed in seeds):
+            continue
+        ours = [by_seed[seed][name] for seed in seeds]
+        fast = [by_seed[seed][best[seed][0]] for seed in seeds]
+        first = [by_seed[seed][best[seed][1]] for seed in seeds]
+        targets = name == "async"
+        if all(r["step_s"] for r in ours + fast):
+            ratio = sum(r["step_s"] for r in ours) / sum(r["step_s"] for r in fast)
+            out.append(f"arealite {name} / TRL seconds per step {over}: {ratio:.2f}x"
+                       + (f" (target <= {TARGET_STEP_RATIO})" if targets else " (no target)"))
+        what = f"arealite {name} / TRL time to {target:.2f} held-out accuracy {over}"
+        # a run that never reached the target counts with its whole training time (a bound, as
+        # tta_ratio's): only one side may miss it, and the line says which way the bound goes
+        ours_miss, trl_miss = (any(r["tta_s"] is None for r in rs) for rs in (ours, first))
+        theirs = sum(r["tta_s"] if r["tta_s"] is not None else r["train_s"] for r in first)
+        if (ours_miss and trl_miss) or theirs <= 0:
+            out.append(f"{what}: not reached in every seed (arealite {[_f(r['tta_s'], '.1f') for r in ours]} s, "
+                       f"TRL {[_f(r['tta_s'], '.1f') for r in first]} s)")
+            continue
+        ratio = sum(r["tta_s"] if r["tta_s"] is not None else r["train_s"] for r in ours) / theirs
+        note = (" [an upper bound: TRL did not reach it in every seed]" if trl_miss else
+                f" [a lower bound: arealite {name} did not reach it in every seed]" if ours_miss else "")
+        out.append(f"{what}: {ratio:.2f}x" + (f" (target <= {TARGET_TTA_RATIO})" if targets else " (no target)") + note)
+    return out
+
+
+def page_entry(r: dict[str, Any]) -> dict[str, Any]:
+    """A saved full run (``benchmarks/results/vs_trl.json``) as a row group of the results page."""
+    from benchmarks.harness.report import parse_figures
+
+    a = r["args"]
+    return {"name": f"vs_trl, last full run ({a['seconds']:.0f} training s each, target {a['target']})",
+            "command": r["command"], "status": f"ran {r['date']}", "seconds": None,
+            "figures": [f.as_dict() for f in parse_figures("vs_trl", "\n".join(r["headlines"]))],
+            "notes": [*r["table"].splitlines(), *r["headlines"]],
+            "about": f"{a['prompts']} prompts x {a['samples']} samples per step, max {a['max_new_tokens']} new "
+                     f"tokens, lr {a['lr']}; TRL torch threads: {a['trl_threads']}. All figures in "
+                     "`benchmarks/results/vs_trl.json`."}
+
+
+# --------------------------------------------------------------------------- runs
+
+
+def arealite_argv(name: str, a: argparse.Namespace, model: Path, data: Path, experiment: str,
+                  max_steps: int, seed: int, trial: str | None = None) -> list[str]:
+    """The launcher's arguments for arealite system ``name`` (config ``CONFIGS[name]``): the
+    common shape, the seed, and ``--override``s last (they win)."""
+    return [str(CONFIGS[name]), f"actor.path={model}", f"train_dataset.path={data / 'train.jsonl'}",
+            f"valid_dataset.path={data / 'valid.jsonl'}", f"cluster.fileroot={a.fileroot}",
+            f"experiment_name={experiment}", f"trial_name={trial or name}", f"total_train_seconds={a.seconds}",
+            f"total_train_steps={max_steps}",  # the lr schedule's length, as TRL's max_steps
+            f"evaluator.freq_steps={a.eval_every}", f"evaluator.max_prompts={a.eval_prompts or 'null'}",
+            f"train_dataset.batch_size={a.prompts}", f"rollout.consumer_batch_size={a.prompts}",
+            f"rollout.max_concurrent_rollouts={2 * a.prompts}", f"gconfig.n_samples={a.samples}",
+            f"actor.group_size={a.samples}", f"gconfig.max_new_tokens={a.max_new_tokens}",
+            f"actor.optimizer.lr={a.lr}", f"seed={seed}", f"sglang.random_seed={seed}",
+            # TRL saves nothing (save_strategy="no"); the main job's recovery checkpoint every
+            # 10 steps (weights + optimizer) would run on arealite's training clock
+            "recover.freq_steps=null", "stats_logger.tensorboard=false",
+            # a weight push pauses generation in place (requests wait in the batch and go on
+            # under the new weights, each token keeping its version) instead of aborting and
+            # re-prefilling them: the clip reads each token's own behaviour logprob either way
+            "rollout.pause_mode=in_place", *ALGORITHM, *a.override]
+
+
+def run_arealite(name: str, a: argparse.Namespace, model: Path, data: Path, experiment: str,
+                 max_steps: int, seed: int) -> dict[str, Any]:
+    from arealite.launcher.local import main as launch
+
+    trial = run_key(name, seed, a.seeds)
+    out = Path(a.fileroot) / experiment / trial
+    shutil.rmtree(out, ignore_errors=True)  # metrics.jsonl is appended to: start clean
+    out.mkdir(parents=True)
+    argv = arealite_argv(name, a, model, data, experiment, max_steps, seed, trial)
+    print(f"== arealite {name} (load average {os.getloadavg()[0]:.1f}): arealite train {' '.join(argv)}", flush=True)
+    t0 = time.monotonic()
+    with open(out / "console.log", "w") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
+        code = launch(argv)
+    if code != 0:
+        raise SystemExit(f"arealite {trial} failed (exit {code}); see {out / 'console.log'}")
+    print(f"   done in {time.monotonic() - t0:.0f}s (logs: {out / 'logs'})", flush=True)
+    records = [json.loads(line) for line in (out / "logs" / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return arealite_summary(records, a.target)
+
+
+def run_trl(a: argparse.Namespace, model: Path, data: Path, experiment: str, max_steps: int,
+            threads: int, seed: int) -> dict[str, Any]:
+    out = Path(a.fileroot) / experiment / run_key(f"trl-{threads}t", seed, a.seeds)
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    cmd = [a.trl_python, str(ROOT / "benchmarks" / "trl_grpo.py"), "--model", str(model), "--data", str(data),
+           "--out", str(out / "result.json"), "--seconds", str(a.seconds), "--prompts", str(a.prompts),
+           "--samples", str(a.samples), "--max-new-tokens", str(a.max_new_tokens), "--lr", str(a.lr),
+           "--max-steps", str(max_steps), "--eval-every", str(a.eval_every),
+           "--eval-prompts", str(a.eval_prompts), "--threads", str(threads), "--seed", str(seed)]
+    print(f"== TRL (load average {os.getloadavg()[0]:.1f}): {' '.join(cmd)}", flush=True)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": ""}
+    t0 = time.monotonic()
+    with open(out / "console.log", "w") as f:
+        code = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT).returncode
+    if code != 0:
+        tail = (out / "console.log").read_text().splitlines()[-20:]
+        raise SystemExit(f"TRL run failed (exit {code}); last lines of {out / 'console.log'}:\n" + "\n".join(tail))
+    print(f"   done in {time.monotonic() - t0:.0f}s (log: {out / 'console.log'})", flush=True)
+    return trl_summary(json.loads((out / "result.json").read_text()), a.target)
+
+
+def plot(runs: dict[str, dict[str, Any]], target: float, png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    try:
+        for name, s in runs.items():
+            ax.plot([t for t, _ in s["curve"]], [acc for _, acc in s["curve"]], marker=".", label=label(name))
+        ax.axhline(target, color="grey", ls="--", lw=0.8)
+        ax.set_xlabel("training seconds (evaluations excluded)")
+        ax.set_ylabel("held-out greedy accuracy")
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.savefig(png, dpi=100, bbox_inches="tight")
+    finally:
+        plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    if "trl" in a.systems and not Path(a.trl_python).is_file():
+        print(f"vs_trl: no TRL virtualenv at {a.trl_python}: run `make setup-trl` first", file=sys.stderr)
+        return 2
+    from benchmarks.studies.async_vs_sync import ensure_model
+
+    model, data = ensure_model(Path(a.fileroot))
+    n_train = sum(1 for line in (data / "train.jsonl").read_text().splitlines() if line.strip())
+    from arealite.api.config_loader import load_config
+
+    max_steps = load_config(str(CONFIGS["async"]), []).total_train_epochs * (n_train // a.prompts)
+    tag = a.tag or ("quick" if a.quick else "")
+    experiment = "bench-vs-trl" + (f"-{tag}" if tag else "")
+    runs: dict[str, dict[str, Any]] = {}
+    for seed in a.seeds:  # a seed's systems side by side, then the next seed
+        for name in a.systems:
+            if name == "trl":
+                for th in a.trl_threads:
+                    runs[run_key(f"trl-{th}t", seed, a.seeds)] = run_trl(a, model, data, experiment, max_steps, th, seed)
+            else:
+                runs[run_key(name, seed, a.seeds)] = run_arealite(name, a, model, data, experiment, max_steps, seed)
+    print(f"\n{a.prompts} prompts x {a.samples} samples per step, max {a.max_new_tokens} new tokens, lr {a.lr}, "
+          f"{a.seconds:.0f} training seconds each; TRL torch threads {a.trl_threads}; seeds {a.seeds}\n")
+    print(table(runs, a.target))
+    print()
+    for line in headlines(runs, a.target):
+        print(line)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    stem = "vs_trl" + (f"_{tag}" if tag else "")
+    command = " ".join(["python -m benchmarks.studies.vs_trl", *(sys.argv[1:] if argv is None else argv)])
+    (RESULTS / f"{stem}.json").write_text(json.dumps(
+        {"command": command.strip(), "date": time.strftime("%Y-%m-%d %H:%M"), "args": vars(a), "runs": runs,
+         "table": table(runs, a.target), "headlines": headlines(runs, a.target)}, indent=1))
+    plot(runs, a.target, RESULTS / f"{stem}.png")
+    print(f"\nwrote {RESULTS / f'{stem}.json'} and {RESULTS / f'{stem}.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

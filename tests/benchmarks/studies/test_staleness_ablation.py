@@ -1,0 +1,109 @@
+"""benchmarks/studies/staleness_ablation.py: the statistics over seeds, the verdict, and its results-page
+entry (the runs themselves are the async_vs_sync runs, smoke-tested there)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import pytest
+
+from benchmarks.harness import run_all
+from benchmarks.studies import staleness_ablation
+
+
+def test_mean_se_against_the_textbook_formula():
+    xs = [0.8, 0.7, 0.9, 0.6]
+    m, se = staleness_ablation.mean_se(xs)
+    mean = sum(xs) / len(xs)
+    var = sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)
+    assert m == pytest.approx(mean) and se == pytest.approx(math.sqrt(var / len(xs)))
+    assert staleness_ablation.mean_se([0.5]) == (0.5, 0.0)
+
+
+def _runs(finals: dict[str, list[float]]) -> dict[str, dict[int, dict]]:
+    # the training reward of the last steps: the held-out one minus a fixed 0.2
+    return {cfg: {s + 1: {"final_reward": v, "train_reward_last": v - 0.2, "clip_ratio": 0.1,
+                          "behave_kl": 0.01}
+                  for s, v in enumerate(vals)} for cfg, vals in finals.items()}
+
+
+def _args(tmp_path, seeds) -> argparse.Namespace:
+    return argparse.Namespace(eta=4, ppo_minibatches=4, steps=200, seeds=seeds, quick=False,
+                              eval_prompts=None, lr=None, argv=[], results_dir=str(tmp_path))
+
+
+@pytest.mark.parametrize("naive, verdict", [
+    ([0.60, 0.62, 0.58], "reproduced"),          # far below the decoupled loss
+    ([0.80, 0.79, 0.81], "not resolved"),        # within noise
+    ([0.95, 0.97, 0.96], "reversed"),            # far above
+])
+def test_verdict_follows_two_standard_errors(tmp_path, capsys, naive, verdict):
+    runs = _runs({"sync": [0.82, 0.80, 0.81], "decoupled": [0.80, 0.81, 0.79], "naive": naive})
+    res = staleness_ablation.report(_args(tmp_path, [1, 2, 3]), runs, "_t")
+    assert res["verdict"].startswith(verdict)
+    # a shift common to every run changes neither the gap nor the verdict on the training reward
+    assert res["verdict_train"] == res["verdict"]
+    assert res["decoupled_minus_naive_train"] == pytest.approx(res["decoupled_minus_naive"])
+    assert res["train_reward"]["sync"]["mean"] == pytest.approx(0.81 - 0.2)
+    assert res["relative_to_sync"]["decoupled"] == pytest.approx(0.80 / 0.81)
+    assert json.loads((tmp_path / "staleness_ablation_t.json").read_text())["verdict"] == res["verdict"]
+    out = capsys.readouterr().out
+    assert "decoupled loss at eta=4, final reward / sync: 0.988 (target >= 0.95)" in out
+
+
+def test_one_seed_tests_nothing(tmp_path, capsys):
+    runs = _runs({"sync": [0.8], "decoupled": [0.5], "naive": [0.9]})
+    res = staleness_ablation.report(_args(tmp_path, [1]), runs, "_t")
+    assert res["verdict"].startswith("not tested")
+    # no "(target ...)" line: the results page takes no figure from a smoke run
+    assert run_all.parse_figures("staleness_ablation", capsys.readouterr().out) == []
+
+
+def test_results_page_entry(tmp_path):
+    runs = _runs({"sync": [0.82, 0.80, 0.81], "decoupled": [0.70, 0.71, 0.69],
+                  "naive": [0.80, 0.79, 0.81]})
+    res = staleness_ablation.report(_args(tmp_path, [1, 2, 3]), runs, "_t")
+    entry = run_all.ablation_full_entry(res)
+    (fig,) = entry["figures"]
+    assert fig["met"] is False and fig["value"] == f"{0.70 / 0.81:.3f}"
+    assert "reversed" in entry["about"] and "3 seeds" in entry["name"]
+
+
+def test_resume_keeps_runs_of_the_same_settings_only(tmp_path, capsys):
+    runs = _runs({"sync": [0.82, 0.80], "decoupled": [0.80, 0.81], "naive": [0.6, 0.7]})
+    staleness_ablation.report(_args(tmp_path, [1, 2]), runs, "")
+    path = tmp_path / "staleness_ablation.json"
+    kept = staleness_ablation.resumable_runs(path, _args(tmp_path, [2, 3]))
+    # seed 2 comes back for every configuration; seed 1 was not asked for, seed 3 never ran
+    assert {c: sorted(v) for c, v in kept.items()} == {c: [2] for c in staleness_ablation.CONFIGS}
+    assert kept["naive"][2]["final_reward"] == 0.7
+    other = _args(tmp_path, [1, 2])
+    other.lr = 1e-4  # a different learning rate: nothing is comparable
+    assert staleness_ablation.resumable_runs(path, other) == {c: {} for c in staleness_ablation.CONFIGS}
+    assert "other lr" in capsys.readouterr().out
+
+
+def test_results_page_entry_lists_every_seed(tmp_path):
+    runs = _runs({"sync": [0.82, 0.80, 0.81], "decoupled": [0.70, 0.71, 0.69],
+                  "naive": [0.60, 0.59, 0.61]})
+    entry = run_all.ablation_full_entry(staleness_ablation.report(_args(tmp_path, [1, 2, 3]), runs, ""))
+    assert [n.split(":")[0] for n in entry["notes"]] == ["sync", "decoupled", "naive"]
+    assert "0.700 0.710 0.690" in entry["notes"][1]
+    assert "training reward" in entry["about"] and "Behaviour KL" in entry["about"]
+
+
+def test_recorded_command_keeps_only_what_decides_the_runs():
+    argv = ["--lr", "1e-4", "--results-dir", "/tmp/x", "--seeds", "1,2", "--resume",
+            "--results-dir=/tmp/y"]
+    assert staleness_ablation.reproducing_argv(argv) == ["--lr", "1e-4", "--seeds", "1,2"]
+
+
+def test_page_entry_names_its_learning_rate(tmp_path):
+    runs = _runs({"sync": [0.82, 0.80, 0.81], "decoupled": [0.80, 0.81, 0.79],
+                  "naive": [0.60, 0.59, 0.61]})
+    a = _args(tmp_path, [1, 2, 3])
+    assert "the main job's lr" in run_all.ablation_full_entry(staleness_ablation.report(a, runs, ""))["name"]
+    a.lr = 1e-4
+    assert "lr 0.0001" in run_all.ablation_full_entry(staleness_ablation.report(a, runs, ""))["name"]

@@ -1,0 +1,42 @@
+"""Identical prompts admitted together are prefilled once (``servers.engine.shared_prefill``), and
+every row then decodes as if it had been prefilled alone."""
+
+from __future__ import annotations
+
+from servers.engine.sequence import Sequence
+from tests.servers.engine.test_server_engine import engine, make, runner, teacher_forced  # noqa: F401
+
+
+def test_identical_prompts_share_one_prefill_and_decode_like_their_own(engine, runner):  # noqa: F811
+    a, b = [7, 8, 9, 10, 11], [12, 13]
+    pairs = [make(f"s{i}", p, max_new_tokens=12, temperature=1.0, ignore_eos=True)
+             for i, p in enumerate([a, a, b, a, b])]
+    for seq, _ in pairs:
+        seq.logprob_start_len = 0  # the prompt's logprobs too: read from the shared forward
+    shapes: list[tuple[int, int]] = []
+    forward = runner.forward
+
+    def record(r0, tokens, *args, **kw):
+        shapes.append(tuple(tokens.shape))
+        return forward(r0, tokens, *args, **kw)
+
+    runner.forward = record
+    try:
+        engine.pause("in_place").result(5)  # all five queued: admitted in one step
+        for seq, _ in pairs:
+            engine.submit(seq)
+        engine.resume().result(5)
+        for _, done in pairs:
+            assert done.wait(30)
+    finally:
+        runner.forward = forward
+    # the first step's prefill: the two distinct prompts only, in rows 0 and 1; row 1 (b's
+    # source) is also a's destination: every source is read before a row is written
+    assert shapes[0] == (2, 5)
+    seqs: list[Sequence] = [s for s, _ in pairs]
+    assert len({tuple(s.output_ids) for s in seqs}) > 2  # sampled: the twins part ways
+    for s in seqs:
+        ref = teacher_forced(runner, s, 1.0)
+        assert max(abs(x - y) for x, y in zip(ref, s.output_logprobs)) < 1e-5
+    assert seqs[0].input_logprobs == seqs[1].input_logprobs == seqs[3].input_logprobs
+    assert seqs[2].input_logprobs == seqs[4].input_logprobs and len(seqs[2].input_logprobs) == 2

@@ -1,0 +1,132 @@
+"""The official ``openai`` client against the embedded server's ``/v1`` routes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.support.tool_model import CONVERSATION, TOOLS
+
+openai = pytest.importorskip("openai")
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def client(tool_server):
+    return openai.OpenAI(base_url=f"http://{tool_server}/v1", api_key="unused", max_retries=0,
+                         timeout=60)
+
+
+def test_models_lists_the_served_model(client, tool_model_dir):
+    models = client.models.list().data
+    assert [m.id for m in models] == [str(tool_model_dir)]
+
+
+def test_chat_logprobs_n_usage_and_seed(client):
+    msgs = [{"role": "user", "content": "1+2?"}]
+    r = client.chat.completions.create(model="m", messages=msgs, max_tokens=6, n=3,
+                                       logprobs=True, top_logprobs=2, seed=7, temperature=1.0)
+    assert len(r.choices) == 3 and [c.index for c in r.choices] == [0, 1, 2]
+    for c in r.choices:
+        lp = c.logprobs.content
+        assert 1 <= len(lp) <= 6
+        assert all(len(t.top_logprobs) == 2 and t.logprob <= 0 for t in lp)
+        assert c.finish_reason in ("stop", "length")
+    assert r.usage.completion_tokens == sum(len(c.logprobs.content) for c in r.choices)
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    again = client.chat.completions.create(model="m", messages=msgs, max_tokens=6, seed=7,
+                                           temperature=1.0, max_completion_tokens=6)
+    assert again.choices[0].message.content == r.choices[0].message.content  # seeded
+
+
+def test_completions_text_tokens_and_stream(client):
+    r = client.completions.create(model="m", prompt=["1+2", "3+4"], max_tokens=4, logprobs=1,
+                                  temperature=0)
+    assert len(r.choices) == 2
+    assert all(len(c.logprobs.tokens) == len(c.logprobs.token_logprobs) for c in r.choices)
+    ids = client.completions.create(model="m", prompt=[5, 6, 7], max_tokens=3, temperature=0)
+    assert ids.usage.prompt_tokens == 3
+    chunks = list(client.completions.create(model="m", prompt="1+2", max_tokens=4,
+                                            temperature=0, stream=True))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+    whole = client.completions.create(model="m", prompt="1+2", max_tokens=4, temperature=0)
+    assert text == whole.choices[0].text
+
+
+def test_tool_calls_over_three_turns_with_tool_results(client):
+    msgs = [CONVERSATION[0]]
+    seen = []
+    for _ in range(3):
+        r = client.chat.completions.create(model="m", messages=msgs, tools=TOOLS,
+                                           max_tokens=120, temperature=0)
+        m = r.choices[0].message
+        msgs.append(m.model_dump(exclude_none=True))
+        if not m.tool_calls:
+            assert r.choices[0].finish_reason == "stop"
+            seen.append(m.content)
+            break
+        assert r.choices[0].finish_reason == "tool_calls" and m.content is None
+        call = m.tool_calls[0]
+        assert call.id.startswith("call_") and call.function.name == "calc"
+        expr = json.loads(call.function.arguments)["expr"]
+        seen.append(expr)
+        msgs.append({"role": "tool", "tool_call_id": call.id, "content": str(eval(expr))})
+    assert seen == ["12*7", "84+5", "89"]
+    # without tools the same text stays content (no parser runs)
+    plain = client.chat.completions.create(model="m", messages=[CONVERSATION[0]],
+                                           max_tokens=120, temperature=0)
+    assert plain.choices[0].message.tool_calls is None
+
+
+def test_streamed_tool_call_equals_the_non_streamed_one(client):
+    kw = dict(model="m", messages=[CONVERSATION[0]], tools=TOOLS, max_tokens=120, temperature=0)
+    chunks = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
+    calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+    assert [(c.function.name, c.function.arguments) for c in calls] == [("calc", '{"expr": "12*7"}')]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == ""
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    assert chunks[-1].usage.completion_tokens > 0 and chunks[-1].choices == []
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    ({"messages": []}, "messages must be a non-empty list"),
+    ({"messages": [{"role": "wizard", "content": "x"}]}, "'role' must be one of"),
+    ({"messages": [{"role": "user", "content": "x"}], "temperature": -1}, "temperature"),
+    ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3}, "top_logprobs needs logprobs"),
+    ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools[0]"),
+    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 100000}, "context length"),
+    ({"messages": [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "a", "type": "function", "function": {"name": "calc", "arguments": "{bad"}}]}]},
+     "not valid JSON"),
+])
+def test_errors_come_back_in_openai_shape(client, kwargs, fragment):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="m", **kwargs)
+    assert e.value.status_code == 400 and fragment in e.value.message
+    assert e.value.body["object"] == "error" and e.value.body["code"] == 400
+    # the server still serves the next request
+    ok = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}],
+                                        max_tokens=2)
+    assert ok.choices[0].finish_reason in ("stop", "length")
+
+
+def test_stop_strings_trim_the_text_streamed_or_not(client):
+    kw = dict(model="m", messages=[CONVERSATION[0]], tools=TOOLS, max_tokens=120,
+              temperature=0, stop=["calc"])
+    r = client.chat.completions.create(**kw)
+    c = r.choices[0]
+    assert c.finish_reason == "stop" and c.matched_stop == "calc"
+    assert c.message.content == '<tool_call>\n{"name": "' and c.message.tool_calls is None
+    chunks = list(client.chat.completions.create(stream=True, **kw))
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == ""
+    # without tools (another prompt, other text): a stop string cut out of the stream too
+    plain = dict(kw, tools=None, stop=None)
+    text = client.chat.completions.create(**plain).choices[0].message.content
+    assert len(text) >= 3
+    plain["stop"] = [text[1:3]]
+    whole = client.chat.completions.create(**plain).choices[0].message.content
+    streamed = "".join(ch.choices[0].delta.content or "" for ch in
+                       client.chat.completions.create(stream=True, **plain) if ch.choices)
+    assert streamed == whole and text.startswith(whole) and len(whole) <= 1
