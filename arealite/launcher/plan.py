@@ -21,7 +21,7 @@ from arealite.utils import keys, network
 ADDRS_ENV = "AREAL_LLM_SERVER_ADDRS"
 SECRET_FLAGS = ("--api-key", "--admin-api-key")
 # launcher.server_backend -> the module run as `python -m MODULE` (same flags for the first
-# two; vLLM's command is launcher/vllm_server.py's, from its own virtualenv).
+# two; vLLM's command is backends/vllm/server_command.py's, from its own virtualenv).
 SERVER_MODULES = {"embedded": "servers.launch_server", "sglang": "sglang.launch_server",
                   "vllm": vllm_server.VLLM_MODULE}
 

@@ -360,7 +360,7 @@ def run_trl(a: argparse.Namespace, model: Path, data: Path, experiment: str, max
     out = Path(a.fileroot) / experiment / run_key(f"trl-{threads}t", seed, a.seeds)
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    cmd = [a.trl_python, str(ROOT / "benchmarks" / "trl_grpo.py"), "--model", str(model), "--data", str(data),
+    cmd = [a.trl_python, str(ROOT / "benchmarks" / "studies" / "trl_grpo.py"), "--model", str(model), "--data", str(data),
            "--out", str(out / "result.json"), "--seconds", str(a.seconds), "--prompts", str(a.prompts),
            "--samples", str(a.samples), "--max-new-tokens", str(a.max_new_tokens), "--lr", str(a.lr),
            "--max-steps", str(max_steps), "--eval-every", str(a.eval_every),

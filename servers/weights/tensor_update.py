@@ -67,7 +67,7 @@ async def update_weights_from_tensor(obj: UpdateFromTensorReq, request: Request)
                 return True, (f"Staged {len(checked)} tensors ({len(st.staged_tensors)} in all); "
                               "they are applied by the call that carries weight_version.")
             batch = (st.staged_tensors + checked) if staging else checked
-            # checked and mapped already: one copy each, no rollback copy (weights.py)
+            # checked and mapped already: one copy each, no rollback copy (loading.py)
             weights.apply_named_tensors(st.runner.model, batch, backup=False)
         except Exception as e:
             if staging:
