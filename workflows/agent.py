@@ -27,7 +27,7 @@ import inspect
 import math
 from typing import Any
 
-from arealite.api.config import GenerationHyperparameters
+from arealite.api.config.rollout import GenerationHyperparameters
 from arealite.api.trajectory import TensorDict, pad_sequences_to_tensors
 from arealite.api.workflow_api import GenerateEngine, RolloutWorkflow
 from arealite.api.workflow_factory import import_by_path

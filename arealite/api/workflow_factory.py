@@ -8,7 +8,8 @@ import importlib
 import inspect
 from typing import Any
 
-from arealite.api.config import GenerationHyperparameters, WorkflowConfig
+from arealite.api.config.rollout import GenerationHyperparameters
+from arealite.api.config.workflow import WorkflowConfig
 from arealite.api.reward_api import check_reward_fn
 from arealite.api.workflow_api import RolloutWorkflow
 

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from arealite.api.config import BaseExperimentConfig
+from arealite.api.config.experiment import BaseExperimentConfig
 from arealite.launcher.plan import LaunchError, entry_module
 
 

@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from arealite.api.config import StatsLoggerConfig
+from arealite.api.config.run import StatsLoggerConfig
 
 logger = logging.getLogger("arealite.trainer.metrics")
 

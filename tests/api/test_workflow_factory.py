@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from arealite.api.config import GenerationHyperparameters, GRPOConfig, WorkflowConfig
+from arealite.api.config.experiment import GRPOConfig
+from arealite.api.config.rollout import GenerationHyperparameters
+from arealite.api.config.workflow import WorkflowConfig
 from arealite.api.workflow_factory import (
     WorkflowImportError,
     build_workflow,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from arealite.api.config import GenerationHyperparameters, InferenceEngineConfig
+from arealite.api.config.rollout import GenerationHyperparameters, InferenceEngineConfig
 from arealite.api.workflow_factory import WorkflowImportError
 from arealite.rollout.remote_engine import RemoteSGLangEngine
 from workflows.agent import AgentError, AgentWorkflow

@@ -6,7 +6,7 @@ import time
 import pytest
 import torch
 
-from arealite.api.config import GenerationHyperparameters
+from arealite.api.config.rollout import GenerationHyperparameters
 from arealite.api.reward_api import RewardFailed
 from tests.support import wf_reward_helpers as H
 from tests.support.wf_checks import assert_trajectory, recompute_logprobs

@@ -8,7 +8,8 @@ import functools
 import pytest
 import torch
 
-from arealite.api.config import GenerationHyperparameters, InferenceEngineConfig, WorkflowConfig
+from arealite.api.config.rollout import GenerationHyperparameters, InferenceEngineConfig
+from arealite.api.config.workflow import WorkflowConfig
 from arealite.api.reward_api import RewardFailed
 from arealite.api.workflow_factory import build_workflow
 from tests.support import wf_reward_helpers as H

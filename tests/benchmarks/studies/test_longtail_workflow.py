@@ -7,7 +7,8 @@ import asyncio
 import pytest
 from transformers import AutoTokenizer
 
-from arealite.api.config import GenerationHyperparameters, WorkflowConfig
+from arealite.api.config.rollout import GenerationHyperparameters
+from arealite.api.config.workflow import WorkflowConfig
 from arealite.api.io_struct import ModelRequest, ModelResponse
 from arealite.api.workflow_factory import build_workflow
 from benchmarks.studies.longtail_workflow import LongTailRLVRWorkflow, first_stop, is_tail
