@@ -1,4 +1,6 @@
-"""The ``workflow`` section: the rollout workflow and its reward, named by import path."""
+"""The ``workflow`` section: the rollout workflow and its reward, named by import path. No
+default names one (the API knows no workflow): the shipped configs (``configs/*.yaml``) say
+which runs, and a run whose config names none stops with a config error."""
 
 from __future__ import annotations
 
@@ -12,10 +14,13 @@ from arealite.api.config.base import BaseConfig
 class WorkflowConfig(BaseConfig):
     """The rollout workflow, named by import path (``package.module:ClassName``)."""
 
-    path: str = Field("workflows.rlvr:RLVRWorkflow", description="Workflow class import path.")
+    path: str = Field(
+        "", description="Workflow class import path, `package.module:ClassName`; required to "
+        "train (every shipped config names one, e.g. `workflows.rlvr:RLVRWorkflow`): a run "
+        "without it stops before anything starts.")
     reward_fn: str = Field(
-        "workflows.rewards.toy:toy_reward", description="Reward function import path."
-    )
+        "", description="Reward function import path; empty: the workflow's own default "
+        "reward (a workflow that takes a reward_fn and has none refuses to start).")
     kwargs: dict[str, Any] = Field(
         default_factory=dict,
         description="Extra keyword arguments for the workflow. RLVRWorkflow takes "
