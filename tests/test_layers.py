@@ -1,11 +1,14 @@
 """The layers of docs/architecture.md, read from the code: every import (``ast``, so imports
 inside functions and under ``TYPE_CHECKING`` count too) must point down the table below, and
 ``arealite/api`` has no import cycle. A new sub-package fails here until it gets a row, so the
-doc and the code cannot drift apart again."""
+doc and the code cannot drift apart again. Imports by name count too: a string in ``arealite/``
+or ``workflows/`` that names another unit's module (``package.module:Name`` or a dotted module)
+is an import the ``ast`` walk cannot see, and fails here."""
 
 from __future__ import annotations
 
 import ast
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -117,3 +120,51 @@ def test_api_has_no_import_cycle():
     for m in sorted(graph):
         if m not in state:
             visit(m, [m])
+
+
+# A string that names a module, ``package.module`` or ``package.module:Name`` (import_by_path's
+# form), as the whole constant.
+IMPORT_PATH = re.compile(r"([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)(?::[A-Za-z_][\w.]*)?")
+# Modules started as their own process (``python -m``), the way the launcher meets the servers:
+# a command line, not an import (the layers still share only the wire protocol).
+PROCESS_ENTRIES = {"servers.launch_server", "servers.gateway"}
+
+
+def string_imports(source: str, module: str) -> list[str]:
+    """``line: 'string' -> unit`` for each string constant of ``source`` (the text of
+    ``module``) that names a module of another unit by import path."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if not (isinstance(node, ast.Constant) and isinstance(node.value, str)):
+            continue
+        m = IMPORT_PATH.fullmatch(node.value)
+        if m is None or m.group(1).split(".")[0] not in PACKAGES or m.group(1) in PROCESS_ENTRIES:
+            continue
+        if ":" not in node.value and "." not in m.group(1):
+            continue  # a bare word ("servers", "workflows") is a name, not a path
+        if _unit(m.group(1)) != _unit(module):
+            out.append(f"{node.lineno}: {node.value!r} -> {_unit(m.group(1))}")
+    return out
+
+
+def test_no_string_import_crosses_a_layer():
+    """Defaults that name a class of another layer come from the shipped configs instead
+    (``workflow.path``, ``workflow.kwargs.proxy``)."""
+    bad = {mod: hits for mod, path in _modules().items()
+           if mod.split(".")[0] in ("arealite", "workflows")
+           and (hits := string_imports(path.read_text(), mod))}
+    assert not bad, "string import paths across layers:\n" + "\n".join(
+        f"  {m}: {h}" for m, h in sorted(bad.items()))
+
+
+def test_string_imports_are_seen():
+    """The check above sees what it must (this source is a fixture, not code of a layer)."""
+    src = ('PATH = "workflows.rlvr:RLVRWorkflow"\n'
+           'def f(proxy="arealite.agent.proxy:AgentProxy", log="arealite.api.config.loader"): ...\n'
+           'SERVER = "servers.launch_server"\nWORD = "workflows"\nTEXT = "see workflows.rlvr here"\n')
+    assert string_imports(src, "arealite.api.config.workflow") == [
+        "1: 'workflows.rlvr:RLVRWorkflow' -> workflows",
+        "2: 'arealite.agent.proxy:AgentProxy' -> arealite.agent"]
+    assert string_imports(src, "workflows.agent") == [
+        "2: 'arealite.agent.proxy:AgentProxy' -> arealite.agent",
+        "2: 'arealite.api.config.loader' -> arealite.api"]

@@ -17,7 +17,8 @@ An agent that raises, outlives ``session_timeout`` seconds, returns something th
 finite number or None, or returns a reward without having made a call, fails the episode with
 an ``AgentError`` naming the agent and the session (the executor counts and logs it, and draws
 the prompt again). The workflow depends on ``arealite.api`` only: the proxy class is found by
-import path too (``proxy``, default ``arealite.agent.proxy:AgentProxy``).
+import path too (``proxy``, which the config names: ``configs/toy_agent_grpo.yaml`` gives
+arealite's ``AgentProxy``).
 """
 
 from __future__ import annotations
@@ -27,12 +28,10 @@ import inspect
 import math
 from typing import Any
 
-from arealite.api.config import GenerationHyperparameters
+from arealite.api.config.rollout import GenerationHyperparameters
 from arealite.api.trajectory import TensorDict, pad_sequences_to_tensors
 from arealite.api.workflow_api import GenerateEngine, RolloutWorkflow
 from arealite.api.workflow_factory import import_by_path
-
-DEFAULT_PROXY = "arealite.agent.proxy:AgentProxy"
 
 
 class AgentError(RuntimeError):
@@ -46,11 +45,11 @@ class AgentWorkflow(RolloutWorkflow):
         tokenizer: Any,
         *,
         agent: str,
+        proxy: str,
         n_sessions: int = 4,
         session_timeout: float = 300.0,
         turn_discount: float = 1.0,
         agent_kwargs: dict[str, Any] | None = None,
-        proxy: str = DEFAULT_PROXY,
     ) -> None:
         if gconfig.n_samples != 1:
             raise ValueError("AgentWorkflow groups sessions itself: set gconfig.n_samples=1 (and "

@@ -6,7 +6,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from arealite.api.config import GenerationHyperparameters
+from arealite.api.config.rollout import GenerationHyperparameters
 from workflows.rewards.combine import WeightedSum
 from workflows.rewards.format import FormatReward
 from workflows.rewards.math import math_reward

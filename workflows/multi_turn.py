@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from arealite.api.config import GenerationHyperparameters
+from arealite.api.config.rollout import GenerationHyperparameters
 from arealite.api.engine_api import InferenceEngine
 from arealite.api.io_struct import ModelRequest
 from arealite.api.trajectory import pad_sequences_to_tensors

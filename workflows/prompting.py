@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from arealite.api.config import GenerationHyperparameters
+from arealite.api.config.rollout import GenerationHyperparameters
 
 PROMPT_KEYS = ("input_ids", "messages", "prompt", "question")
 

@@ -11,11 +11,12 @@ trainer runs torch threads, and ``fork`` after threads is unsafe).
 - A failed call raises ``RewardFailed`` from ``compute_reward``: the episode is rejected, not
   trained, and the executor draws its prompt again. ``reward_failure="zero"`` (a workflow
   argument) keeps the old behaviour of scoring it 0.
-- Every such outcome is counted in ``arealite.api.reward_api`` (``reward_stats()``, re-exported
-  here), where the trainer's stats read them.
-- Per-function opt-out: a reward decorated with ``@inline_reward`` runs directly on the calling
-  thread (no process hop, no timeout). Use it only for cheap, pure-Python functions that cannot
-  hang (``workflows.rewards.toy.toy_reward`` is one); exceptions are still caught and counted.
+- Every such outcome is counted in ``arealite.api.reward_api`` (``reward_stats()``), where the
+  trainer's stats read them; the contract (``check_reward_fn``, ``RewardFailed``) is there too.
+- Per-function opt-out: a reward decorated with ``@inline_reward`` (``arealite.api.reward_api``)
+  runs directly on the calling thread (no process hop, no timeout). Use it only for cheap,
+  pure-Python functions that cannot hang (``workflows.rewards.toy.toy_reward`` is one);
+  exceptions are still caught and counted.
 """
 
 from __future__ import annotations
@@ -33,17 +34,12 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-# The contract and counters are the API's; re-exported here, where reward authors look for them.
-from arealite.api.reward_api import (  # noqa: F401
+from arealite.api.reward_api import (
     REWARD_FAILURE_POLICIES,
     RewardFailed,
-    check_reward_fn,
     count_reward,
-    inline_reward,
     is_inline,
     observe_reward_call,
-    reset_reward_stats,
-    reward_stats,
 )
 
 logger = logging.getLogger("workflows.reward_pool")

@@ -10,9 +10,10 @@ from typing import Any
 
 import torch
 
-from arealite.api.config import GenerationHyperparameters
+from arealite.api.config.rollout import GenerationHyperparameters
 from arealite.api.engine_api import InferenceEngine
 from arealite.api.io_struct import ModelRequest, ModelResponse
+from arealite.api.reward_api import REWARD_FAILURE_POLICIES, check_reward_fn
 from arealite.api.reward_model_api import RewardModelScorer
 from arealite.api.trajectory import pad_sequences_to_tensors
 from arealite.api.workflow_api import RolloutWorkflow, generate_group
@@ -23,7 +24,7 @@ from workflows.prompting import (
     sample_id,
     with_stop_tokens,
 )
-from workflows.reward_pool import REWARD_FAILURE_POLICIES, check_reward_fn, compute_reward
+from workflows.reward_pool import compute_reward
 from workflows.rewards.model import ModelRewardTerm
 
 

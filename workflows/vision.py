@@ -19,14 +19,15 @@ from typing import Any
 
 import torch
 
-from arealite.api.config import GenerationHyperparameters
+from arealite.api.config.rollout import GenerationHyperparameters
 from arealite.api.engine_api import InferenceEngine
 from arealite.api.io_struct import ModelRequest, ModelResponse
+from arealite.api.reward_api import REWARD_FAILURE_POLICIES, check_reward_fn
 from arealite.api.trajectory import pad_sequences_to_tensors
 from arealite.api.vision_io import encode_vision_prompt, image_keys
 from arealite.api.workflow_api import RolloutWorkflow
 from workflows.prompting import check_response, sample_id, with_stop_tokens
-from workflows.reward_pool import REWARD_FAILURE_POLICIES, check_reward_fn, compute_reward
+from workflows.reward_pool import compute_reward
 from workflows.rlvr import trajectory_row
 
 

@@ -46,7 +46,7 @@ from arealite.agent.chat import (
     same_message,
 )
 from arealite.agent.session import AgentSession, Segment, SessionError, Turn
-from arealite.api.config import GenerationHyperparameters
+from arealite.api.config.rollout import GenerationHyperparameters
 from arealite.api.io_struct import ModelRequest
 from arealite.api.workflow_api import GenerateEngine
 

@@ -90,5 +90,5 @@ def check_reward_fn(fn: Any) -> None:
             raise TypeError(
                 f"reward_fn {fn!r} cannot be sent to reward worker processes ({e}); define it at "
                 "module level (lambdas and closures are not importable), or mark a cheap one "
-                "with @workflows.reward_pool.inline_reward"
+                "with @arealite.api.reward_api.inline_reward"
             ) from None

@@ -8,7 +8,8 @@ import importlib
 import inspect
 from typing import Any
 
-from arealite.api.config import GenerationHyperparameters, WorkflowConfig
+from arealite.api.config.rollout import GenerationHyperparameters
+from arealite.api.config.workflow import WorkflowConfig
 from arealite.api.reward_api import check_reward_fn
 from arealite.api.workflow_api import RolloutWorkflow
 
@@ -60,7 +61,11 @@ def build_workflow(
     ``kwargs`` and ``extra`` (``extra`` wins). Only arguments the class accepts are passed
     among ``reward_fn``/``gconfig``/``tokenizer``; an unknown kwarg is an error naming the
     accepted ones. ``kwargs["reward_kwargs"]`` configures the reward (see ``load_reward_fn``);
-    an empty ``config.reward_fn`` lets the workflow use its own default reward."""
+    an empty ``config.reward_fn`` lets the workflow use its own default reward (one that
+    needs a reward function and has none is an error naming the key)."""
+    if not config.path:  # the API names no workflow: the config must
+        raise WorkflowImportError("workflow.path is not set: name the workflow class as "
+                                  "package.module:ClassName (every configs/*.yaml does)")
     cls = import_by_path(config.path, "workflow")
     if not (inspect.isclass(cls) and issubclass(cls, RolloutWorkflow)):
         raise WorkflowImportError(f"workflow path {config.path!r} names {cls!r}, not a RolloutWorkflow subclass")
@@ -78,6 +83,10 @@ def build_workflow(
     for name, value in standard.items():
         if name in params or has_var_kw:
             kwargs.setdefault(name, value)
+    wants = params.get("reward_fn")
+    if wants is not None and wants.default is inspect.Parameter.empty and "reward_fn" not in kwargs:
+        raise WorkflowImportError(f"workflow.reward_fn is not set, and {config.path} needs one: "
+                                  "name the reward as package.module:function")
     if not has_var_kw:
         accepted = [n for n in params if n != "self"]
         unknown = sorted(set(kwargs) - set(accepted))

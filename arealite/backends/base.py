@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from arealite.api.config import GenerationHyperparameters
+from arealite.api.config.rollout import GenerationHyperparameters
 
 
 class ProtocolError(RuntimeError):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from arealite.api.config import WeightUpdateConfig
+from arealite.api.config.weights import WeightUpdateConfig
 from arealite.backends.base import GenerateProtocol
 from arealite.backends.sglang import SGLANG
 from arealite.backends.vllm.protocol import VLLM

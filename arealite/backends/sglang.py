@@ -20,7 +20,7 @@ import math
 from json.encoder import encode_basestring_ascii
 from typing import Any
 
-from arealite.api.config import GenerationHyperparameters
+from arealite.api.config.rollout import GenerationHyperparameters
 from arealite.api.io_struct import token_ids_json
 from arealite.backends.base import ProtocolError, Segment
 

@@ -6,13 +6,13 @@ that the committed file is current.
 
 from __future__ import annotations
 
+import re
 import sys
 import typing
 
 from pydantic import BaseModel
 
-from arealite.api.config import GRPOConfig, SFTConfig
-from arealite.api.preference_config import DPOConfig, RewardModelConfig
+from arealite.api.config.experiment import DPOConfig, GRPOConfig, RewardModelConfig, SFTConfig
 
 
 def _models_in(annotation: typing.Any) -> list[type[BaseModel]]:
@@ -25,10 +25,14 @@ def _models_in(annotation: typing.Any) -> list[type[BaseModel]]:
 
 def _type_name(annotation: typing.Any) -> str:
     s = getattr(annotation, "__name__", None) if not typing.get_args(annotation) else None
-    return (s or str(annotation)).replace("typing.", "").replace("arealite.api.config.", "").replace("arealite.api.run_config.", "").replace("|", "\\|")
+    # a section's type by its class name alone, whichever module of the package defines it
+    name = re.sub(r"arealite\.api\.config\.\w+\.", "", (s or str(annotation)).replace("typing.", ""))
+    return name.replace("|", "\\|")
 
 
 def _default(field) -> str:
+    if field.is_required():
+        return "required"
     if field.default_factory is not None:
         v = field.default_factory()
         return "(section)" if isinstance(v, BaseModel) else f"`{v!r}`"
@@ -39,7 +43,7 @@ def render() -> str:
     lines = [
         "# Configuration reference",
         "",
-        "Generated from `arealite/api/config.py` by `python -m arealite.cli.gen_config_docs`;",
+        "Generated from `arealite/api/config/` by `python -m arealite.cli.gen_config_docs`;",
         "do not edit by hand. Files live in `configs/*.yaml`; override any key on the command",
         "line as `section.key=value` (values parsed as YAML). `arealite config FILE [k=v ...]`",
         "prints the resolved tree; unknown keys and bad values exit with status 2.",

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from arealite.api.config_loader import ConfigError, load_config, to_yaml
+from arealite.api.config.loader import ConfigError, load_config, to_yaml
 
 
 def _cmd_config(args: argparse.Namespace) -> int:

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from arealite.api.config import DatasetConfig
+from arealite.api.config.dataset import DatasetConfig
 
 
 def load_rows(config: DatasetConfig) -> list[dict[str, Any]]:

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from arealite.api.config_loader import ConfigError, load_config
+from arealite.api.config.loader import ConfigError, load_config
 
 GRPO_CONFIG = "configs/toy_grpo.yaml"
 SFT_CONFIG = "configs/toy_sft.yaml"

@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from arealite.api.config import TrainEngineConfig
+from arealite.api.config.actor import TrainEngineConfig
 from arealite.api.engine_api import TrainEngine
 from arealite.api.io_struct import (
     FinetuneSpec,

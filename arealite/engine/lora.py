@@ -19,8 +19,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from arealite.api.config.actor import LoRAConfig
 from arealite.api.io_struct import WeightUpdateMeta, WeightUpdateType
-from arealite.api.lora_config import LoRAConfig
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"

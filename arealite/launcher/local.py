@@ -26,8 +26,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from arealite.api.config import BaseExperimentConfig, GRPOConfig
-from arealite.api.config_loader import ConfigError, load_config, to_yaml
+from arealite.api.config.experiment import BaseExperimentConfig, GRPOConfig
+from arealite.api.config.loader import ConfigError, load_config, to_yaml
 from arealite.api.reward_model_api import RM_ADDRS_ENV
 from arealite.launcher import plan
 from arealite.launcher import reward_model_servers as rm

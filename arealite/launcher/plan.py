@@ -13,8 +13,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from arealite.api.config import BaseExperimentConfig, GRPOConfig, LauncherConfig
-from arealite.api.config_loader import SECRET_FIELDS
+from arealite.api.config.experiment import BaseExperimentConfig, GRPOConfig
+from arealite.api.config.launcher import LauncherConfig
+from arealite.api.config.loader import SECRET_FIELDS
 from arealite.backends.vllm import server_command as vllm_server
 from arealite.utils import keys, network
 
@@ -104,13 +105,13 @@ def device_ids(start: int, count: int, environ: dict[str, str]) -> str:
 
 
 def run_keys(config: BaseExperimentConfig, environ: dict[str, str] | None = None,
-             section: str = "sglang") -> dict[str, str]:
+             section: str = "servers") -> dict[str, str]:
     """The run's keys as environment variables (``AREALITE_API_KEY`` ...): the servers'
-    ``sglang.api_key`` / ``sglang.admin_api_key`` (for the trainer, ``rollout.*`` first) when
+    ``servers.api_key`` / ``servers.admin_api_key`` (for the trainer, ``rollout.*`` first) when
     set, else the launcher's own environment. Servers and trainer get them in their environment,
     never on a command line."""
-    sections = [getattr(config, n, None) for n in (("rollout", "sglang") if section == "rollout"
-                                                   else ("sglang",))]
+    sections = [getattr(config, n, None) for n in (("rollout", "servers") if section == "rollout"
+                                                   else ("servers",))]
     out = {}
     for env_name, field_name in ((keys.API_KEY_ENV, "api_key"),
                                  (keys.ADMIN_API_KEY_ENV, "admin_api_key")):
@@ -134,13 +135,13 @@ def server_specs(
 ) -> list[ProcSpec]:
     """One ``launch_server`` process per port: embedded (``servers.launch_server``) or real
     SGLang (``sglang.launch_server``) with the same flags. Server ``i`` gets
-    ``--random-seed sglang.random_seed + i`` so servers given the same prompt do not sample the
+    ``--random-seed servers.random_seed + i`` so servers given the same prompt do not sample the
     same tokens, and ``--weight-version 0`` (the trainer's initial version)."""
     environ = os.environ if environ is None else environ
-    lc, sg = config.launcher, config.sglang
+    lc, sg = config.launcher, config.servers
     model_path = sg.model_path or config.actor.path
     if not model_path:
-        raise LaunchError("no model to serve: set sglang.model_path or actor.path")
+        raise LaunchError("no model to serve: set servers.model_path or actor.path")
     if lc.colocate_servers == "recreate" and not lc.colocate:
         raise LaunchError("launcher.colocate_servers=recreate is a co-located mode option: set "
                           "launcher.colocate=true")
@@ -148,7 +149,7 @@ def server_specs(
         raise LaunchError("launcher.colocate puts server i on trainer rank i's GPU: set "
                           "launcher.gpus_per_server to 1 (or 0 on CPU)")
     if lc.gpus_per_server and sg.tp_size > lc.gpus_per_server:
-        raise LaunchError(f"sglang.tp_size={sg.tp_size} needs gpus_per_server >= {sg.tp_size}")
+        raise LaunchError(f"servers.tp_size={sg.tp_size} needs gpus_per_server >= {sg.tp_size}")
     module = SERVER_MODULES[lc.server_backend]
     host = lc.server_host
     if lc.server_backend == "vllm":
@@ -214,7 +215,7 @@ def _vllm_specs(config: GRPOConfig, model_path: str, ports: list[int],
                 environ: dict[str, str]) -> list[ProcSpec]:
     """vLLM servers (``vllm_server.vllm_command``); a model vLLM cannot train with is a
     ``LaunchError`` here rather than a failure at the first request or update."""
-    lc, sg = config.launcher, config.sglang
+    lc, sg = config.launcher, config.servers
     cpu = vllm_server.on_cpu(sg.device, lc.gpus_per_server, environ)
     problems = vllm_server.model_problems(model_path, cpu)
     if problems:

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from arealite.api.config import BaseExperimentConfig
+from arealite.api.config.experiment import BaseExperimentConfig
 from arealite.launcher.plan import LaunchError, entry_module
 
 
@@ -23,7 +23,12 @@ def named_modules(config: BaseExperimentConfig) -> Iterator[tuple[str, str]]:
     yield "launcher.entry_module", entry_module(config)
     workflow = getattr(config, "workflow", None)
     if workflow is not None:
-        yield "workflow.path", workflow.path.split(":")[0]
+        if not workflow.path:
+            if config.launcher.entry_module is None:  # arealite's trainer builds the workflow
+                raise LaunchError("workflow.path is not set: name the workflow class as "
+                                  "package.module:ClassName (every configs/*.yaml does)")
+        else:
+            yield "workflow.path", workflow.path.split(":")[0]
         if workflow.reward_fn:
             yield "workflow.reward_fn", workflow.reward_fn.split(":")[0]
     if config.evaluator.eval_fn:

@@ -29,8 +29,8 @@ import signal
 import sys
 import time
 
-from arealite.api.config import GRPOConfig
-from arealite.api.config_loader import ConfigError, load_config
+from arealite.api.config.experiment import GRPOConfig
+from arealite.api.config.loader import ConfigError, load_config
 from arealite.launcher import plan
 from arealite.launcher.plan import LaunchError
 

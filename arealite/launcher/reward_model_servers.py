@@ -8,7 +8,8 @@ from __future__ import annotations
 import os
 import sys
 
-from arealite.api.config import BaseExperimentConfig, GRPOConfig, RewardModelServersConfig
+from arealite.api.config.experiment import BaseExperimentConfig, GRPOConfig
+from arealite.api.config.launcher import RewardModelServersConfig
 from arealite.api.reward_model_api import RM_ADDRS_ENV
 from arealite.launcher import plan
 from arealite.launcher.plan import LaunchError, ProcSpec
@@ -50,7 +51,7 @@ def rm_server_specs(config: GRPOConfig, ports: list[int], first_gpu: int = 0,
     for i, port in enumerate(ports):
         cmd = [sys.executable, "-m", module, "--model-path", rc.model_path, "--is-embedding",
                "--host", lc.server_host, "--port", str(port), "--dtype", rc.dtype,
-               "--log-level", config.sglang.log_level]
+               "--log-level", config.servers.log_level]
         if rc.backend == "sglang":  # real SGLang reads keys only from its flags (masked)
             for flag, env_name in (("--api-key", keys.API_KEY_ENV),
                                    ("--admin-api-key", keys.ADMIN_API_KEY_ENV)):

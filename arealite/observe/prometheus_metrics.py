@@ -26,9 +26,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from arealite.api.config import StatsLoggerConfig
+from arealite.api.config.run import StatsLoggerConfig
 
-logger = logging.getLogger("arealite.trainer.metrics")
+logger = logging.getLogger("arealite.observe.prometheus_metrics")
 
 PHASE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 # executor counters (cumulative) exported as episode outcomes; the rest are queue gauges

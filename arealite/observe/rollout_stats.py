@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from arealite.api.config import EvaluatorConfig
+from arealite.api.config.run import EvaluatorConfig
 from arealite.api.engine_api import InferenceEngine
 from arealite.api.reward_api import reward_stats
 from arealite.api.workflow_api import RolloutWorkflow

@@ -1,5 +1,5 @@
 """The Prometheus scrape config of a run (``{run_dir}/prometheus.yml``), written by the launcher
-once the servers are up: every server with ``/metrics`` (``sglang.enable_metrics``) and every
+once the servers are up: every server with ``/metrics`` (``servers.enable_metrics``) and every
 trainer rank (``stats_logger.metrics_port`` + rank) as targets. ``deploy/grafana/`` holds the
 dashboard that reads them; ``docs/observability.md`` the commands."""
 
@@ -14,7 +14,7 @@ SCRAPE_INTERVAL_S = 5
 def scrape_targets(config: Any, server_addrs: list[str]) -> dict[str, list[str]]:
     """{job: [host:port, ...]}: ``servers`` when they serve /metrics, ``trainer`` per rank."""
     jobs: dict[str, list[str]] = {}
-    sg = getattr(config, "sglang", None)
+    sg = getattr(config, "servers", None)
     if server_addrs and sg is not None and sg.enable_metrics:
         jobs["servers"] = list(server_addrs)
     sl = config.stats_logger

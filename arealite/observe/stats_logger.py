@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from arealite.api.config import StatsLoggerConfig
+from arealite.api.config.run import StatsLoggerConfig
 
 # (label, candidate keys, format): the first candidate present in a step's stats is shown.
 # The trainers record under these names; other keys still reach jsonl/tensorboard/wandb.

@@ -39,7 +39,7 @@ from typing import Any
 import aiohttp
 import torch
 
-from arealite.api.config import InferenceEngineConfig
+from arealite.api.config.rollout import InferenceEngineConfig
 from arealite.api.engine_api import InferenceEngine
 from arealite.api.io_struct import (
     ModelRequest,

@@ -19,7 +19,7 @@ import os
 import uuid
 from typing import Any
 
-from arealite.api.config import GenerationHyperparameters, InferenceEngineConfig
+from arealite.api.config.rollout import GenerationHyperparameters, InferenceEngineConfig
 from arealite.api.io_struct import ModelRequest, VersionClock
 from arealite.api.reward_model_api import RM_ADDRS_ENV, RewardModelScorer
 from arealite.backends.base import GenerateProtocol, ProtocolError, Segment

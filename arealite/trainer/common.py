@@ -7,8 +7,8 @@ import os
 import sys
 from typing import Any
 
-from arealite.api.config import BaseExperimentConfig
-from arealite.api.config_loader import ConfigError, load_config
+from arealite.api.config.experiment import BaseExperimentConfig
+from arealite.api.config.loader import ConfigError, load_config
 
 logger = logging.getLogger("arealite.trainer.common")
 

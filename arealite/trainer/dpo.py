@@ -12,8 +12,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from arealite.api.config.experiment import DPOConfig
 from arealite.api.io_struct import SaveLoadMeta
-from arealite.api.preference_config import DPOConfig
 from arealite.engine.fsdp_engine import FSDPEngine
 from arealite.engine.preference.actor import PreferenceActor
 from arealite.engine.preference.batch import dpo_batch, kto_batches

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from arealite.api.config import EvaluatorConfig
+from arealite.api.config.run import EvaluatorConfig
 from arealite.api.engine_api import InferenceEngine
 from arealite.api.workflow_api import RolloutWorkflow
 from arealite.api.workflow_factory import import_by_path

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from arealite.api.config import BaseExperimentConfig
+from arealite.api.config.experiment import BaseExperimentConfig
 from arealite.api.io_struct import FinetuneSpec
 from arealite.dataset.loader import create_dataloader, load_rows
 from arealite.trainer.common import config_from_argv, dist_info, load_tokenizer, setup_logging

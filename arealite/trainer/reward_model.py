@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import sys
 
+from arealite.api.config.experiment import RewardModelConfig
 from arealite.api.io_struct import SaveLoadMeta
-from arealite.api.preference_config import RewardModelConfig
 from arealite.engine.preference.batch import dpo_batch
 from arealite.engine.preference.reward_model import RewardModelActor, RewardModelEngine
 from arealite.observe import stats_tracker

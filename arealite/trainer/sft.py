@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from arealite.api.config import SFTConfig
+from arealite.api.config.experiment import SFTConfig
 from arealite.api.io_struct import SaveLoadMeta
 from arealite.engine.sft.lm_engine import FSDPLMEngine, build_sft_batch
 from arealite.engine.sft.vision_batch import build_vision_sft_batch

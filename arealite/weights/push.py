@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from arealite.api.config import WeightUpdateConfig
+from arealite.api.config.weights import WeightUpdateConfig
 from arealite.api.engine_api import InferenceEngine, TrainEngine
 from arealite.api.io_struct import WeightUpdateMeta
 from arealite.utils.distributed import rank0_decides

@@ -81,7 +81,7 @@ def _profile_worker(model: str, budget: int, tail_fraction: float, tail_tokens: 
 
     import torch
 
-    from arealite.api.config import OptimizerConfig, PPOActorConfig
+    from arealite.api.config.actor import OptimizerConfig, PPOActorConfig
     from arealite.api.io_struct import FinetuneSpec
     from arealite.api.trajectory import pad_sequences_to_tensors
     from arealite.engine.ppo.actor import FSDPPPOActor

@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from arealite.api.config import GenerationHyperparameters, InferenceEngineConfig
+from arealite.api.config.rollout import GenerationHyperparameters, InferenceEngineConfig
 from arealite.api.io_struct import ModelRequest
 
 

@@ -84,7 +84,7 @@ async def run_raw(url: str, body: dict, n: int, conc: int) -> float:
 
 
 async def run_engine(engine, prompt: list[int], n_tokens: int, n: int, conc: int) -> float:
-    from arealite.api.config import GenerationHyperparameters
+    from arealite.api.config.rollout import GenerationHyperparameters
     from arealite.api.io_struct import ModelRequest
 
     g = GenerationHyperparameters(max_new_tokens=n_tokens)
@@ -107,7 +107,7 @@ def observed(engine, metrics: bool, trace_on: bool):
 
     client, stops = engine, []
     if metrics:
-        from arealite.api.config import StatsLoggerConfig
+        from arealite.api.config.run import StatsLoggerConfig
         from arealite.observe.prometheus_metrics import start_trainer_metrics
 
         m = start_trainer_metrics(StatsLoggerConfig(metrics_port=0), 0, engine)
@@ -150,7 +150,7 @@ def main() -> None:
     n = args.requests or (500 if args.quick else 2000)
     rounds = args.rounds or (5 if args.quick else 15)
 
-    from arealite.api.config import InferenceEngineConfig
+    from arealite.api.config.rollout import InferenceEngineConfig
     from arealite.backends.sglang import generate_payload
     from arealite.rollout.remote_engine import RemoteSGLangEngine
 
@@ -167,7 +167,7 @@ def main() -> None:
         engine.initialize([f"{LOOPBACK}:{port}"])
         client, stop_observers = observed(engine, args.metrics, args.trace)
         prompt = list(range(1, 33))
-        from arealite.api.config import GenerationHyperparameters
+        from arealite.api.config.rollout import GenerationHyperparameters
 
         body = generate_payload(prompt, GenerationHyperparameters(max_new_tokens=args.tokens), args.tokens, "raw")
         url = f"http://{LOOPBACK}:{port}/generate"

@@ -98,7 +98,7 @@ def arealite_actor(model_dir: Path, budget: int, group_size: int, shared: bool, 
                    device: str = "cpu", param_dtype: str = "float32", attn_impl: str = "auto"):
     """The GRPO entry point's actor; ``param_dtype=bfloat16``: fp32 master weights, bf16
     compute (FSDP2 mixed precision)."""
-    from arealite.api.config import MixedPrecisionConfig, OptimizerConfig, PPOActorConfig
+    from arealite.api.config.actor import MixedPrecisionConfig, OptimizerConfig, PPOActorConfig
     from arealite.api.io_struct import FinetuneSpec
     from arealite.engine.ppo.actor import FSDPPPOActor
 

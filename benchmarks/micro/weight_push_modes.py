@@ -56,7 +56,8 @@ def main() -> None:
     a = ap.parse_args()
     rounds = a.rounds or (3 if a.quick else 5)
 
-    from arealite.api.config import InferenceEngineConfig, TrainEngineConfig
+    from arealite.api.config.actor import TrainEngineConfig
+    from arealite.api.config.rollout import InferenceEngineConfig
     from arealite.api.io_struct import WeightUpdateMeta
     from arealite.engine.fsdp_engine import FSDPEngine
     from arealite.rollout.remote_engine import RemoteSGLangEngine

@@ -116,7 +116,7 @@ def copy_seconds(nbytes: int, rounds: int) -> list[float]:
 def measure(model_dir: Path, rounds: int, bucket_mb: float, work: Path) -> dict[str, float]:
     from safetensors.torch import load_file
 
-    from arealite.api.config import TrainEngineConfig
+    from arealite.api.config.actor import TrainEngineConfig
     from arealite.api.io_struct import WeightUpdateMeta
     from arealite.engine.fsdp_engine import FSDPEngine
     from arealite.utils.network import find_free_port

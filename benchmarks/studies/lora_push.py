@@ -68,7 +68,7 @@ def adapter_bytes(model: Path) -> int:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from arealite.api.lora_config import LoRAConfig
+    from arealite.api.config.actor import LoRAConfig
     from arealite.engine.lora import gather_adapter, wrap_with_lora
 
     m = wrap_with_lora(AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32),

@@ -42,9 +42,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import requests
 
-    from arealite.api.config import InferenceEngineConfig, TrainEngineConfig
+    from arealite.api.config.actor import LoRAConfig, TrainEngineConfig
+    from arealite.api.config.rollout import InferenceEngineConfig
     from arealite.api.io_struct import WeightUpdateMeta
-    from arealite.api.lora_config import LoRAConfig
     from arealite.engine.fsdp_engine import FSDPEngine
     from arealite.rollout.remote_engine import RemoteSGLangEngine
     from arealite.utils.network import LOOPBACK, find_free_port, wait_http_ok

@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     metrics_port = find_free_port()
     job_cmd = [sys.executable, "-m", "arealite.cli.main", "main-job", f"cluster.fileroot={fileroot}",
                "trial_name=observe", f"total_train_steps={args.steps}", "evaluator.freq_steps=10",
-               "sglang.enable_metrics=true", f"stats_logger.metrics_port={metrics_port}",
+               "servers.enable_metrics=true", f"stats_logger.metrics_port={metrics_port}",
                "stats_logger.trace=true"]
     tmp = Path(tempfile.mkdtemp(prefix="observe-"))
     prom_base = f"http://127.0.0.1:{find_free_port()}"

@@ -59,7 +59,7 @@ def ensure_assets(fileroot: Path) -> Path:
 
 
 def _workflow(tokenizer: Any, n_samples: int, greedy: bool) -> Any:
-    from arealite.api.config import GenerationHyperparameters
+    from arealite.api.config.rollout import GenerationHyperparameters
     from workflows.rewards.toy import toy_reward
     from workflows.rlvr import RLVRWorkflow
 
@@ -70,7 +70,7 @@ def _workflow(tokenizer: Any, n_samples: int, greedy: bool) -> Any:
 
 def greedy_accuracy(engine: Any, tokenizer: Any, rows: list[dict]) -> float:
     """Mean toy reward of greedy completions: the GRPO job's held-out evaluation."""
-    from arealite.api.config import EvaluatorConfig
+    from arealite.api.config.run import EvaluatorConfig
     from arealite.observe.rollout_stats import evaluate
 
     return evaluate(engine, _workflow(tokenizer, 1, True), rows, EvaluatorConfig())["eval/accuracy"]
@@ -142,7 +142,7 @@ def run(fileroot: Path, out: Path, *, prompts: int, samples: int, steps: int, ba
     ``kto_lr``: KTO's learning rate (default ``lr``)."""
     from transformers import AutoTokenizer
 
-    from arealite.api.config import InferenceEngineConfig
+    from arealite.api.config.rollout import InferenceEngineConfig
     from arealite.api.io_struct import WeightUpdateMeta
     from arealite.demo.toy_math import generate_toy_math
     from arealite.rollout.remote_engine import RemoteSGLangEngine

@@ -107,7 +107,7 @@ def overlap_share(inner: list[tuple[float, float]], outer: list[tuple[float, flo
 
 def hidden_share(rollout, rm_engine, tokenizer, rows, n_samples: int, max_new: int,
                  reps: int) -> dict[str, float]:
-    from arealite.api.config import GenerationHyperparameters
+    from arealite.api.config.rollout import GenerationHyperparameters
     from arealite.api.reward_model_api import RewardModelScorer
     from workflows.rewards.toy import toy_reward
     from workflows.rlvr import RLVRWorkflow
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     from transformers import AutoTokenizer
 
-    from arealite.api.config import InferenceEngineConfig
+    from arealite.api.config.rollout import InferenceEngineConfig
     from arealite.demo.toy_math import generate_toy_math
     from arealite.rollout.remote_engine import RemoteSGLangEngine
     from arealite.rollout.reward_model_client import RemoteRewardModelEngine

@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     Path(a.results_dir).mkdir(parents=True, exist_ok=True)
     runs = resumable_runs(results_path(a, tag), a) if a.resume else {c: {} for c in CONFIGS}
     for seed in a.seeds:
-        common = (f"seed={seed}", f"sglang.random_seed={seed}",
+        common = (f"seed={seed}", f"servers.random_seed={seed}",
                   f"actor.ppo_n_minibatches={a.ppo_minibatches}",
                   *([f"actor.optimizer.lr={a.lr}"] if a.lr else []))
         for cfg, base in CONFIGS.items():

@@ -275,7 +275,7 @@ def common_overrides(a: argparse.Namespace, model: Path, data: Path, experiment:
     """What every variant shares: model, data, seed, budget, evaluation, batch shape."""
     out = [f"actor.path={model}", f"train_dataset.path={data / 'train.jsonl'}",
            f"valid_dataset.path={data / 'valid.jsonl'}", f"cluster.fileroot={a.fileroot}",
-           f"experiment_name={experiment}", f"seed={a.seed}", f"sglang.random_seed={a.seed}",
+           f"experiment_name={experiment}", f"seed={a.seed}", f"servers.random_seed={a.seed}",
            f"total_train_seconds={a.seconds}", f"total_train_steps={a.max_steps}",
            f"evaluator.freq_steps={a.eval_every}", f"evaluator.max_prompts={a.eval_prompts or 'null'}",
            f"actor.ppo_n_minibatches={a.minibatches}", "stats_logger.tensorboard=false",
@@ -400,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
             a.points = last["args"]["points"]
         meta = {k: last[k] for k in ("command", "date", "machine", "wall_s", "overrides")}
         return report(a, last["runs"], meta, stem)
-    from arealite.api.config_loader import load_config
+    from arealite.api.config.loader import load_config
     from benchmarks.harness.report import machine_info, machine_line
     from benchmarks.studies.async_vs_sync import ensure_model
 

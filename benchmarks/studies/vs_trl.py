@@ -325,7 +325,7 @@ def arealite_argv(name: str, a: argparse.Namespace, model: Path, data: Path, exp
             f"train_dataset.batch_size={a.prompts}", f"rollout.consumer_batch_size={a.prompts}",
             f"rollout.max_concurrent_rollouts={2 * a.prompts}", f"gconfig.n_samples={a.samples}",
             f"actor.group_size={a.samples}", f"gconfig.max_new_tokens={a.max_new_tokens}",
-            f"actor.optimizer.lr={a.lr}", f"seed={seed}", f"sglang.random_seed={seed}",
+            f"actor.optimizer.lr={a.lr}", f"seed={seed}", f"servers.random_seed={seed}",
             # TRL saves nothing (save_strategy="no"); the main job's recovery checkpoint every
             # 10 steps (weights + optimizer) would run on arealite's training clock
             "recover.freq_steps=null", "stats_logger.tensorboard=false",
@@ -406,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
 
     model, data = ensure_model(Path(a.fileroot))
     n_train = sum(1 for line in (data / "train.jsonl").read_text().splitlines() if line.strip())
-    from arealite.api.config_loader import load_config
+    from arealite.api.config.loader import load_config
 
     max_steps = load_config(str(CONFIGS["async"]), []).total_train_epochs * (n_train // a.prompts)
     tag = a.tag or ("quick" if a.quick else "")

@@ -2,7 +2,7 @@
 
 import re
 
-from workflows.reward_pool import inline_reward
+from arealite.api.reward_api import inline_reward
 
 _FIRST_NUMBER = re.compile(r"-?\d+")
 

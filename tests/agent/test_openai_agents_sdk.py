@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import requests
 
-from arealite.api.config import GenerationHyperparameters, InferenceEngineConfig
+from arealite.api.config.rollout import GenerationHyperparameters, InferenceEngineConfig
 from arealite.rollout.remote_engine import RemoteSGLangEngine
 from tests.support.tool_model import CONVERSATION, TOOLS
 

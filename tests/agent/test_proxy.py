@@ -12,7 +12,7 @@ import shutil
 import pytest
 import requests
 
-from arealite.api.config import GenerationHyperparameters, InferenceEngineConfig
+from arealite.api.config.rollout import GenerationHyperparameters, InferenceEngineConfig
 from arealite.api.io_struct import WeightUpdateMeta
 from arealite.rollout.remote_engine import RemoteSGLangEngine
 from tests.support.tool_model import CONVERSATION, THINK_CONVERSATION, TOOLS, think_template

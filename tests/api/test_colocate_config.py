@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from arealite.api.config import GRPOConfig
-from arealite.api.config_loader import load_config
+from arealite.api.config.experiment import GRPOConfig
+from arealite.api.config.loader import load_config
 from arealite.launcher import plan
 
 REPO = Path(__file__).resolve().parents[2]

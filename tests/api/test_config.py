@@ -2,14 +2,15 @@ from pathlib import Path
 
 import pytest
 
-from arealite.api.config import GenerationHyperparameters, GRPOConfig, SFTConfig
-from arealite.api.config_loader import (
+from arealite.api.config.experiment import GRPOConfig, SFTConfig
+from arealite.api.config.loader import (
     CONFIG_CLASSES,
     ConfigError,
     apply_overrides,
     load_config,
     to_yaml,
 )
+from arealite.api.config.rollout import GenerationHyperparameters
 
 CONFIGS = sorted(Path(__file__).parents[2].joinpath("configs").glob("*.yaml"))
 
@@ -98,11 +99,16 @@ def test_config_docs_are_current():
 
 def test_every_config_field_has_a_description():
     """docs/config.md is generated from these: a field without one is undocumented."""
+    import importlib
     import inspect
+    import pkgutil
 
     import pydantic
 
-    import arealite.api.config as c
+    import arealite.api.config as package
+
+    modules = [importlib.import_module(f"{package.__name__}.{m.name}")
+               for m in pkgutil.iter_modules(package.__path__)]
 
     missing, seen = [], set()
 
@@ -117,7 +123,8 @@ def test_every_config_field_has_a_description():
                 if inspect.isclass(t) and issubclass(t, pydantic.BaseModel):
                     walk(t)
 
-    for obj in vars(c).values():
-        if inspect.isclass(obj) and issubclass(obj, pydantic.BaseModel) and obj.__module__ == c.__name__:
-            walk(obj)
+    for c in modules:
+        for obj in vars(c).values():
+            if inspect.isclass(obj) and issubclass(obj, pydantic.BaseModel) and obj.__module__ == c.__name__:
+                walk(obj)
     assert not missing, missing

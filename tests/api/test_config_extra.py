@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from arealite.api.config_loader import ConfigError, load_config, to_yaml
+from arealite.api.config.loader import ConfigError, load_config, to_yaml
 
 SCHEMA = '''
 from pydantic import BaseModel, Field

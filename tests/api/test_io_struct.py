@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from arealite.api.config import GenerationHyperparameters
+from arealite.api.config.rollout import GenerationHyperparameters
 from arealite.api.io_struct import (
     DISK_READY_MARKER,
     FinetuneSpec,

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import yaml
 
-from arealite.api.config_loader import load_config
+from arealite.api.config.loader import load_config
 
 CONFIGS = Path(__file__).parents[2] / "configs"
 

@@ -7,7 +7,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from arealite.api.config import GenerationHyperparameters, GRPOConfig, WorkflowConfig
+from arealite.api.config.experiment import GRPOConfig
+from arealite.api.config.loader import load_config
+from arealite.api.config.rollout import GenerationHyperparameters
+from arealite.api.config.workflow import WorkflowConfig
 from arealite.api.workflow_factory import (
     WorkflowImportError,
     build_workflow,
@@ -25,12 +28,22 @@ from workflows.rlvr import RLVRWorkflow
 DOC = Path(__file__).resolve().parents[2] / "docs" / "custom_workflow.md"
 G = GenerationHyperparameters(n_samples=2, max_new_tokens=4)
 ROW = {"id": 3, "question": "What is 2 + 2?", "answer": "2 + 2 = 4\n#### 4"}
+RLVR = "workflows.rlvr:RLVRWorkflow"
+TOY = {"path": RLVR, "reward_fn": "workflows.rewards.toy:toy_reward"}  # as configs/toy_grpo.yaml
 
 
-def test_default_config_builds_rlvr_with_toy_reward(tiny_tokenizer):
-    cfg = GRPOConfig()
+def test_toy_config_builds_rlvr_with_toy_reward(tiny_tokenizer):
+    cfg = load_config(Path(__file__).resolve().parents[2] / "configs" / "toy_grpo.yaml")
     wf = build_workflow(cfg.workflow, cfg.gconfig, tiny_tokenizer)
     assert type(wf) is RLVRWorkflow and wf.reward_fn is toy_reward
+
+
+def test_no_default_workflow_or_reward(tiny_tokenizer):
+    """The API names no workflow: the config must, and a reward where the workflow needs one."""
+    with pytest.raises(WorkflowImportError, match="workflow.path is not set"):
+        build_workflow(GRPOConfig().workflow, G, tiny_tokenizer)
+    with pytest.raises(WorkflowImportError, match="workflow.reward_fn is not set"):
+        build_workflow(WorkflowConfig(path=RLVR), G, tiny_tokenizer)
 
 
 @pytest.mark.parametrize("path,match", [
@@ -47,15 +60,15 @@ def test_bad_workflow_paths(path, match, tiny_tokenizer):
 
 def test_bad_reward_paths_and_kwargs(tiny_tokenizer):
     with pytest.raises(WorkflowImportError, match="reward_fn path"):
-        build_workflow(WorkflowConfig(reward_fn="workflows.rewards.toy:nope"), G, tiny_tokenizer)
+        build_workflow(WorkflowConfig(path=RLVR, reward_fn="workflows.rewards.toy:nope"), G, tiny_tokenizer)
     with pytest.raises(TypeError, match=r"does not accept \['colour'\]"):
-        build_workflow(WorkflowConfig(kwargs={"colour": "red"}), G, tiny_tokenizer)
+        build_workflow(WorkflowConfig(**TOY, kwargs={"colour": "red"}), G, tiny_tokenizer)
     with pytest.raises(ValueError, match="mapping"):
-        build_workflow(WorkflowConfig(kwargs={"reward_kwargs": 3}), G, tiny_tokenizer)
+        build_workflow(WorkflowConfig(**TOY, kwargs={"reward_kwargs": 3}), G, tiny_tokenizer)
 
 
 def test_reward_kwargs_and_reward_classes(tiny_tokenizer):
-    wf = build_workflow(WorkflowConfig(reward_fn="workflows.rewards.math:math_reward",
+    wf = build_workflow(WorkflowConfig(path=RLVR, reward_fn="workflows.rewards.math:math_reward",
                                        kwargs={"reward_kwargs": {"timeout_seconds": 2}}), G, tiny_tokenizer)
     assert isinstance(wf.reward_fn, functools.partial) and wf.reward_fn.keywords == {"timeout_seconds": 2}
     fmt = load_reward_fn("workflows.rewards.format:FormatReward", {"style": "boxed"})
@@ -65,6 +78,7 @@ def test_reward_kwargs_and_reward_classes(tiny_tokenizer):
 
 def test_shipped_workflows_by_path(tiny_tokenizer):
     mt = build_workflow(WorkflowConfig(path="workflows.multi_turn:MultiTurnWorkflow",
+                                       reward_fn=TOY["reward_fn"],
                                        kwargs={"max_turns": 3, "turn_discount": 0.5}), G, tiny_tokenizer)
     assert isinstance(mt, MultiTurnWorkflow) and mt.max_turns == 3
     m = build_workflow(WorkflowConfig(path="workflows.math:MathRLVRWorkflow", reward_fn="",

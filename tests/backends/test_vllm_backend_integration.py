@@ -17,9 +17,9 @@ import pytest
 import requests
 import torch
 
-from arealite.api.config import InferenceEngineConfig
+from arealite.api.config.actor import LoRAConfig
+from arealite.api.config.rollout import InferenceEngineConfig
 from arealite.api.io_struct import WeightUpdateError, WeightUpdateMeta
-from arealite.api.lora_config import LoRAConfig
 from arealite.backends.vllm.protocol import VLLM
 from arealite.backends.vllm.server_command import lora_flags
 from arealite.rollout.remote_engine import RemoteSGLangEngine

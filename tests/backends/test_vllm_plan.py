@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from arealite.api.config import GRPOConfig
+from arealite.api.config.experiment import GRPOConfig
 from arealite.backends.vllm import server_command as vllm_server
 from arealite.launcher import plan
 
@@ -25,7 +25,7 @@ def _model(tmp_path, **cfg) -> str:
 
 
 def test_vllm_command_maps_the_sglang_section(tmp_path):
-    cfg = _grpo(_model(tmp_path), sglang={"api_key": "s3cr3t", "context_length": 512,
+    cfg = _grpo(_model(tmp_path), servers={"api_key": "s3cr3t", "context_length": 512,
                                           "max_running_requests": 8, "random_seed": 5,
                                           "extra_args": ["--foo"]},
                 launcher={"n_servers": 2, "server_threads": 2})
@@ -46,7 +46,7 @@ def test_vllm_command_maps_the_sglang_section(tmp_path):
 
 def test_a_lora_run_lets_vllm_load_adapters_at_run_time(tmp_path):
     cfg = _grpo(_model(tmp_path), actor={"path": str(tmp_path), "lora": {"rank": 16}},
-                sglang={"extra_args": ["--foo"]})
+                servers={"extra_args": ["--foo"]})
     (spec,) = plan.server_specs(cfg, [11], environ={})
     flag = {a: spec.cmd[i + 1] for i, a in enumerate(spec.cmd[:-1]) if a.startswith("--")}
     assert "--enable-lora" in spec.cmd and flag["--max-lora-rank"] == "16"

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from arealite.api.config import GenerationHyperparameters
+from arealite.api.config.rollout import GenerationHyperparameters
 from arealite.backends.base import ProtocolError
 from arealite.backends.vllm.protocol import VLLM, tied_embeddings
 
@@ -77,7 +77,7 @@ def test_control_calls(tmp_path):
 def test_a_server_without_vllms_endpoints_is_one_clear_error(tiny_model_dir):
     """The client's start-up check: another server (here our embedded one, as a vLLM of
     another version or started without the dev-mode flags would) names what it lacks."""
-    from arealite.api.config import InferenceEngineConfig
+    from arealite.api.config.rollout import InferenceEngineConfig
     from arealite.rollout.health import BackendMismatch
     from arealite.rollout.remote_engine import RemoteSGLangEngine
     from tests.support.procs import embedded_server

@@ -11,8 +11,8 @@ import logging
 import pytest
 import torch
 
+from arealite.api.config.weights import WeightUpdateConfig
 from arealite.api.io_struct import ParamSpec, WeightUpdateMeta
-from arealite.api.run_config import WeightUpdateConfig
 from arealite.backends.registry import weight_update_for
 from arealite.backends.sglang import SGLANG
 from arealite.backends.vllm import weight_transfer as vt

@@ -27,7 +27,7 @@ def test_unknown_key_exits_2_without_traceback():
 
 
 def test_wrongly_typed_overrides_exit_2_in_one_line():
-    from arealite.api.config_loader import ConfigError, load_config
+    from arealite.api.config.loader import ConfigError, load_config
 
     for override in ("kind=[1]", "kind={a: 1}", "rollout=[1]", "actor.optimizer.lr=[1,2]",
                      "workflow.kwargs=[1]", "total_train_steps={a: 1}"):

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from arealite.api.config import DatasetConfig
+from arealite.api.config.dataset import DatasetConfig
 from arealite.dataset.loader import create_dataloader, load_rows
 
 

@@ -92,7 +92,7 @@ def test_non_finite_gradient_skips_the_step(engine):
 
 @pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step()`")
 def test_lr_schedule_warmup_then_cosine(tiny_model_dir):
-    from arealite.api.config import OptimizerConfig
+    from arealite.api.config.actor import OptimizerConfig
 
     opt = OptimizerConfig(lr=1.0, lr_scheduler_type="cosine", warmup_steps_proportion=0.2,
                           min_lr_ratio=0.1)
@@ -156,7 +156,7 @@ def test_uninitialized_engine_and_bad_config_are_clear_errors(tiny_model_dir):
 
 
 def test_gradient_checkpointing_and_bf16_mixed_precision(tiny_model_dir):
-    from arealite.api.config import MixedPrecisionConfig
+    from arealite.api.config.actor import MixedPrecisionConfig
 
     data = random_trajectories(4, seed=6)
     spec = FinetuneSpec(total_train_epochs=1, dataset_size=10, train_batch_size=1)

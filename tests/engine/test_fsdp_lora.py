@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from arealite.api.config.actor import LoRAConfig
 from arealite.api.io_struct import FinetuneSpec, SaveLoadMeta, WeightUpdateMeta
-from arealite.api.lora_config import LoRAConfig
 from arealite.engine import lora
 from arealite.engine.fsdp_engine import FSDPEngine
 from arealite.engine.functional import gather_logprobs
@@ -136,7 +136,7 @@ def test_bad_adapter_folder_and_target_modules(tiny_model_dir, tmp_path):
 
 
 def test_a_lora_grpo_run_must_push_through_disk_or_memory():
-    from arealite.api.config import GRPOConfig
+    from arealite.api.config.experiment import GRPOConfig
 
     with pytest.raises(ValueError, match="weight_update.type=disk"):
         GRPOConfig.model_validate({"actor": {"lora": {"rank": 4}},

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from arealite.api.config import GRPOConfig, SFTConfig
-from arealite.api.config_loader import load_config
+from arealite.api.config.experiment import GRPOConfig, SFTConfig
+from arealite.api.config.loader import load_config
 from arealite.launcher import plan
 from arealite.launcher.local import main
 from arealite.launcher.plan import LaunchError
@@ -92,7 +92,7 @@ def _grpo(**kw) -> GRPOConfig:
 
 
 def test_server_flags_follow_the_sglang_section():
-    cfg = _grpo(sglang={"api_key": "s3cr3t", "admin_api_key": "adm1n", "max_running_requests": 8,
+    cfg = _grpo(servers={"api_key": "s3cr3t", "admin_api_key": "adm1n", "max_running_requests": 8,
                         "tp_size": 2, "enable_metrics": True, "skip_tokenizer_init": True,
                         "device": "cpu", "random_seed": None, "extra_args": ["--foo", "1"],
                         "model_path": "/served"},
@@ -119,13 +119,13 @@ def test_server_flags_follow_the_sglang_section():
 
 
 def test_keys_reach_the_trainer_by_environment_and_never_a_printed_line(monkeypatch, capsys):
-    cfg = _grpo(sglang={"admin_api_key": "adm1n"})
+    cfg = _grpo(servers={"admin_api_key": "adm1n"})
     t = plan.trainer_spec(cfg, "c.yaml", [], 99, ["h:1"], environ={"AREALITE_API_KEY": "k3y"})
     assert t.env["AREALITE_API_KEY"] == "k3y" and t.env["AREALITE_ADMIN_API_KEY"] == "adm1n"
     assert "k3y" not in t.shell() and "adm1n" not in t.shell()
     monkeypatch.delenv(plan.ADDRS_ENV, raising=False)
     monkeypatch.setenv("AREALITE_API_KEY", "envk3y")
-    assert main([GPU, "sglang.api_key=cfgk3y", "sglang.admin_api_key=adm1n", "--dry-run"]) == 0
+    assert main([GPU, "servers.api_key=cfgk3y", "servers.admin_api_key=adm1n", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "cfgk3y" not in out and "adm1n" not in out and "envk3y" not in out
     assert "api_key: '***'" in out
@@ -150,7 +150,7 @@ def test_cpu_servers_leave_gpus_alone_and_need_a_model():
     with pytest.raises(LaunchError, match="no model"):
         plan.server_specs(GRPOConfig(), [5], environ={})
     with pytest.raises(LaunchError, match="tp_size"):
-        plan.server_specs(_grpo(sglang={"tp_size": 2}, launcher={"gpus_per_server": 1}), [5])
+        plan.server_specs(_grpo(servers={"tp_size": 2}, launcher={"gpus_per_server": 1}), [5])
     with pytest.raises(LaunchError, match="colocate_servers=recreate is a co-located"):
         plan.server_specs(_grpo(launcher={"colocate_servers": "recreate"}), [5], environ={})
 
@@ -189,7 +189,7 @@ def test_ray_launcher_help_and_clear_error_without_ray(capsys, monkeypatch):
 
 
 def test_auto_threads_split_the_cores():
-    from arealite.api.config import LauncherConfig
+    from arealite.api.config.launcher import LauncherConfig
     from arealite.launcher.plan import thread_counts
 
     assert thread_counts(LauncherConfig(), cores=16) == (1, 1)  # explicit: as configured

@@ -321,7 +321,7 @@ def test_bad_model_path_with_the_embedded_server(tmp_path):
                     reason="servers/launch_server.py not there yet")
 def test_one_embedded_server_and_a_trivial_trainer(tmp_path, tiny_model_dir):
     cfg = _write_config(tmp_path, startup_timeout=120)
-    run = Run(tmp_path, [str(cfg), f"actor.path={tiny_model_dir}", "sglang.dtype=float32"],
+    run = Run(tmp_path, [str(cfg), f"actor.path={tiny_model_dir}", "servers.dtype=float32"],
               fake_server=False, FAKE_TRAINER_MODE="ok")
     try:
         assert run.wait(timeout=150) == 0, run.text()

@@ -7,7 +7,8 @@ import pytest
 
 from arealite.launcher.local import main
 
-CONFIG = "kind: grpo\nactor:\n  path: model\nlauncher:\n  entry_module: my_train\n"
+CONFIG = ("kind: grpo\nactor:\n  path: model\nlauncher:\n  entry_module: my_train\n"
+          "workflow:\n  path: workflows.rlvr:RLVRWorkflow\n")
 
 
 @pytest.fixture
@@ -41,3 +42,11 @@ def test_reward_module_is_checked_too(user_folder, monkeypatch, capsys):
     assert "workflow.reward_fn: module 'my_reward'" in capsys.readouterr().err
     (user_folder / "my_reward.py").write_text("def r(*a, **k):\n    return 0.0\n")
     assert main(["task.yaml", "workflow.reward_fn=my_reward:r", "--dry-run"]) == 0
+
+
+def test_a_run_without_a_workflow_path_is_one_line(user_folder, monkeypatch, capsys):
+    """No default names a workflow (the API names no layer above it): the config must."""
+    monkeypatch.chdir(user_folder)
+    assert main(["task.yaml", "workflow.path=", "launcher.entry_module=null", "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "workflow.path is not set" in err

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from arealite.api.config import GRPOConfig
+from arealite.api.config.experiment import GRPOConfig
 from arealite.api.reward_model_api import RM_ADDRS_ENV
 from arealite.launcher import plan
 from arealite.launcher import reward_model_servers as rm
@@ -54,7 +54,7 @@ def test_trainer_only_starts_none_and_server_only_prints_both_pools(tmp_path, ca
 def test_gpus_follow_the_generation_servers_and_sglang_gets_key_flags():
     cfg = _grpo({"n_servers": 2, "gpus_per_server": 1, "trainer_nproc": 2,
                  "reward_model_servers": {**RM, "backend": "sglang"}},
-                sglang={"api_key": "k3y"})
+                servers={"api_key": "k3y"})
     servers, trainer = LocalLauncher(cfg, "c.yaml", []).plan()
     assert [s.env["CUDA_VISIBLE_DEVICES"] for s in servers] == ["0", "1", "2", "3"]
     assert trainer.env["CUDA_VISIBLE_DEVICES"] == "4,5"

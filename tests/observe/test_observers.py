@@ -67,7 +67,7 @@ def test_metrics_and_trace_of_a_short_run(tmp_path, tiny_model_dir, toy_data_dir
            if o not in ("valid_dataset=null", "evaluator.freq_steps=null")]
     over = [*run, f"valid_dataset.path={toy_data_dir / 'valid.jsonl'}", "evaluator.freq_steps=3",
             "evaluator.max_prompts=8", "stats_logger.trace=true",
-            f"stats_logger.metrics_port={port}", "sglang.enable_metrics=true",
+            f"stats_logger.metrics_port={port}", "servers.enable_metrics=true",
             # the launcher's reward-model pool, scored through by the training workflow
             f"launcher.reward_model_servers.model_path={tiny_reward_model_dir}",
             "launcher.reward_model_servers.dtype=float32", "reward_model={}",

@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from arealite.api.config import StatsLoggerConfig
+from arealite.api.config.run import StatsLoggerConfig
 from arealite.observe.prometheus_metrics import (
     NoMetrics,
     RolloutCollector,

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import yaml
 
-from arealite.api.config import GRPOConfig
+from arealite.api.config.experiment import GRPOConfig
 from arealite.observe.scrape_config import scrape_targets, write_scrape_config
 
 
 def test_targets_and_file(tmp_path):
     cfg = GRPOConfig.model_validate({
         "cluster": {"fileroot": str(tmp_path)}, "experiment_name": "e", "trial_name": "t",
-        "sglang": {"enable_metrics": True}, "launcher": {"trainer_nproc": 2},
+        "servers": {"enable_metrics": True}, "launcher": {"trainer_nproc": 2},
         "stats_logger": {"metrics_port": 9400}})
     assert scrape_targets(cfg, ["127.0.0.1:1", "127.0.0.1:2"]) == {
         "servers": ["127.0.0.1:1", "127.0.0.1:2"], "trainer": ["127.0.0.1:9400", "127.0.0.1:9401"]}

@@ -5,7 +5,7 @@ import types
 
 import pytest
 
-from arealite.api.config import StatsLoggerConfig
+from arealite.api.config.run import StatsLoggerConfig
 from arealite.observe.stats_logger import (
     StatsLogger,
     format_console_line,

@@ -1,6 +1,6 @@
 import pytest
 
-from arealite.api.config import SaverConfig
+from arealite.api.config.run import SaverConfig
 from arealite.observe.stats_tracker import StatsTracker
 from arealite.observe.timing import FreqController, timer
 

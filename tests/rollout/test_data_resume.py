@@ -9,7 +9,8 @@ import asyncio
 import pytest
 import torch
 
-from arealite.api.config import DatasetConfig, InferenceEngineConfig
+from arealite.api.config.dataset import DatasetConfig
+from arealite.api.config.rollout import InferenceEngineConfig
 from arealite.api.workflow_api import RolloutWorkflow
 from arealite.dataset.loader import create_dataloader
 from arealite.rollout.data_cycle import DataCycle

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from arealite.api.config import DatasetConfig
+from arealite.api.config.dataset import DatasetConfig
 from arealite.api.workflow_api import RolloutWorkflow
 from arealite.dataset.loader import create_dataloader
 from arealite.rollout.dynamic_sampling import GroupRewardFilter, rollout_full_batch

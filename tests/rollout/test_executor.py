@@ -10,7 +10,8 @@ import time
 import pytest
 import torch
 
-from arealite.api.config import DatasetConfig, InferenceEngineConfig
+from arealite.api.config.dataset import DatasetConfig
+from arealite.api.config.rollout import InferenceEngineConfig
 from arealite.api.workflow_api import RolloutWorkflow
 from arealite.dataset.loader import create_dataloader
 from arealite.rollout.errors import RolloutFailing, RolloutQueueFull, RolloutTimeout

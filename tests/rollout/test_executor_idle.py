@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from arealite.api.config import InferenceEngineConfig
+from arealite.api.config.rollout import InferenceEngineConfig
 from arealite.rollout.executor import WorkflowExecutor
 from tests.rollout.test_executor import EchoWorkflow
 

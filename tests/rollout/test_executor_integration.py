@@ -10,7 +10,8 @@ import shutil
 import pytest
 import torch
 
-from arealite.api.config import DatasetConfig, GenerationHyperparameters, InferenceEngineConfig
+from arealite.api.config.dataset import DatasetConfig
+from arealite.api.config.rollout import GenerationHyperparameters, InferenceEngineConfig
 from arealite.api.io_struct import ModelRequest, WeightUpdateMeta
 from arealite.api.trajectory import pad_sequences_to_tensors
 from arealite.api.workflow_api import RolloutWorkflow

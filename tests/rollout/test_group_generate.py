@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from arealite.api.config import GenerationHyperparameters
+from arealite.api.config.rollout import GenerationHyperparameters
 from arealite.api.io_struct import ModelRequest
 from arealite.api.workflow_api import generate_group
 from arealite.rollout.remote_engine import GenerationError

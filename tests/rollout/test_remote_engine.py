@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from arealite.api.config import GenerationHyperparameters, InferenceEngineConfig
+from arealite.api.config.rollout import GenerationHyperparameters, InferenceEngineConfig
 from arealite.api.io_struct import ModelRequest, ParamSpec, WeightUpdateError, WeightUpdateMeta
 from arealite.rollout.remote_engine import GenerationError, RemoteSGLangEngine, parse_addrs
 from arealite.utils.network import LOOPBACK, find_free_port

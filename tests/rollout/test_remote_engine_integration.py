@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from arealite.api.config import GenerationHyperparameters, InferenceEngineConfig
+from arealite.api.config.rollout import GenerationHyperparameters, InferenceEngineConfig
 from arealite.api.io_struct import ModelRequest, ParamSpec, WeightUpdateMeta
 from arealite.rollout.remote_engine import RemoteSGLangEngine
 from arealite.utils.network import LOOPBACK, find_free_port, find_free_ports, wait_http_ok

@@ -16,7 +16,7 @@ import pytest
 import requests
 import torch
 
-from arealite.api.config import GenerationHyperparameters, InferenceEngineConfig
+from arealite.api.config.rollout import GenerationHyperparameters, InferenceEngineConfig
 from arealite.rollout.remote_engine import GenerationError
 from arealite.rollout.reward_model_client import RemoteRewardModelEngine
 from arealite.utils.network import find_free_port, wait_http_ok

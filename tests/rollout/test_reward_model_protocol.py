@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from arealite.api.config import GenerationHyperparameters
+from arealite.api.config.rollout import GenerationHyperparameters
 from arealite.backends.base import ProtocolError
 from arealite.rollout.reward_model_client import (
     SGLANG_SCORE,

@@ -15,12 +15,12 @@ from servers.server_args import parse_args
 
 
 def test_every_flag_the_launcher_sends_is_accepted_by_the_embedded_server():
-    from arealite.api.config import GRPOConfig
+    from arealite.api.config.experiment import GRPOConfig
     from arealite.launcher import plan
 
     cfg = GRPOConfig.model_validate({
         "actor": {"path": "/m", "lora": {"rank": 4, "target_modules": ["q_proj", "v_proj"]}},
-        "sglang": {"api_key": "k", "admin_api_key": "a", "max_running_requests": 8,
+        "servers": {"api_key": "k", "admin_api_key": "a", "max_running_requests": 8,
                    "context_length": 256, "mem_fraction_static": 0.8, "enable_metrics": True,
                    "skip_tokenizer_init": True, "device": "cpu", "random_seed": 3,
                    "dtype": "bfloat16", "log_level": "info",

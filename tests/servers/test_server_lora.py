@@ -11,7 +11,7 @@ import threading
 import pytest
 import torch
 
-from arealite.api.lora_config import LoRAConfig
+from arealite.api.config.actor import LoRAConfig
 from arealite.api.trajectory import pad_sequences_to_tensors
 from arealite.engine.fsdp_engine import FSDPEngine
 from tests.support.fsdp_helpers import engine_config

@@ -4,7 +4,7 @@ Accepts ``launch_server``'s flags, answers ``GET /health``; ``FAKE_SERVER_MODE``
 behaviour: ``ok`` (serve), ``hang`` (never become healthy), ``crash`` (exit 3 at start-up),
 ``die:N`` (serve, then exit 9 after N seconds), ``stubborn`` (serve and ignore SIGTERM).
 With ``FAKE_SERVER_ONLY_SEED=S`` the mode applies only to the server given ``--random-seed S``
-(the launcher gives server i seed ``sglang.random_seed + i``); the others serve normally.
+(the launcher gives server i seed ``servers.random_seed + i``); the others serve normally.
 """
 
 from __future__ import annotations

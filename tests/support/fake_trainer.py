@@ -27,7 +27,7 @@ def say(text: str, stream=None) -> None:
 
 
 def main() -> int:
-    from arealite.api.config_loader import load_config
+    from arealite.api.config.loader import load_config
     from arealite.utils.recover import RecoverInfo, recover_root, save_checkpoint, should_recover
 
     cfg = load_config(sys.argv[1], sys.argv[2:])

@@ -6,7 +6,7 @@ import random
 
 import torch
 
-from arealite.api.config import OptimizerConfig, PPOActorConfig, TrainEngineConfig
+from arealite.api.config.actor import OptimizerConfig, PPOActorConfig, TrainEngineConfig
 from arealite.api.trajectory import pad_sequences_to_tensors
 
 

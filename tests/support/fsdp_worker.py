@@ -20,9 +20,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from arealite.api.config import OptimizerConfig  # noqa: E402
+from arealite.api.config.actor import LoRAConfig, OptimizerConfig
 from arealite.api.io_struct import FinetuneSpec, SaveLoadMeta, WeightUpdateMeta  # noqa: E402
-from arealite.api.lora_config import LoRAConfig  # noqa: E402
 from arealite.engine.functional import gather_logprobs  # noqa: E402
 from arealite.engine.lora import gather_adapter  # noqa: E402
 from arealite.engine.packing import split_batch_for_rank  # noqa: E402

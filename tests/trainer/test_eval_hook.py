@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from arealite.api.config import EvaluatorConfig
+from arealite.api.config.run import EvaluatorConfig
 from arealite.trainer.eval_hook import TrainClock, load_eval_fn, run_evaluation
 
 

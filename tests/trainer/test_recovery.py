@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from arealite.api.config import DatasetConfig
+from arealite.api.config.dataset import DatasetConfig
 from arealite.dataset.loader import create_dataloader, load_rows
 from arealite.demo.toy_math import write_toy_math
 from arealite.observe.sample_log import read_sample_ids

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from arealite.api.config import GRPOConfig
+from arealite.api.config.experiment import GRPOConfig
 from arealite.observe.timing import FreqController
 from arealite.utils.recover import (
     MARKER,
@@ -36,7 +36,7 @@ def _write_weights(d: Path) -> None:
 
 
 def test_round_trip_with_real_dataloader_state(tmp_path, toy_data_dir):
-    from arealite.api.config import DatasetConfig
+    from arealite.api.config.dataset import DatasetConfig
     from arealite.dataset.loader import create_dataloader, load_rows
 
     cfg = DatasetConfig(path=str(toy_data_dir / "train.jsonl"), batch_size=8, shuffle=True)

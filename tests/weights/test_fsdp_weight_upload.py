@@ -14,7 +14,7 @@ import urllib.request
 import pytest
 import torch
 
-from arealite.api.config import InferenceEngineConfig
+from arealite.api.config.rollout import InferenceEngineConfig
 from arealite.api.io_struct import FinetuneSpec, WeightUpdateMeta
 from arealite.engine.functional import gather_logprobs
 from arealite.engine.ppo.actor import FSDPPPOActor

@@ -11,9 +11,9 @@ import pytest
 import requests
 import torch
 
-from arealite.api.config import GenerationHyperparameters, InferenceEngineConfig
+from arealite.api.config.actor import LoRAConfig
+from arealite.api.config.rollout import GenerationHyperparameters, InferenceEngineConfig
 from arealite.api.io_struct import ModelRequest, SaveLoadMeta, WeightUpdateMeta
-from arealite.api.lora_config import LoRAConfig
 from arealite.api.trajectory import pad_sequences_to_tensors
 from arealite.engine.fsdp_engine import FSDPEngine
 from arealite.engine.functional import gather_logprobs

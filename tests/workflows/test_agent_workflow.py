@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from arealite.api.config import GenerationHyperparameters, InferenceEngineConfig
+from arealite.api.config.rollout import GenerationHyperparameters, InferenceEngineConfig
 from arealite.api.workflow_factory import WorkflowImportError
 from arealite.rollout.remote_engine import RemoteSGLangEngine
 from workflows.agent import AgentError, AgentWorkflow
@@ -13,6 +13,7 @@ from workflows.agent import AgentError, AgentWorkflow
 pytest.importorskip("openai")
 pytestmark = pytest.mark.integration
 G = GenerationHyperparameters(max_new_tokens=120)
+PROXY = "arealite.agent.proxy:AgentProxy"  # the workflow names no default proxy
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +36,7 @@ def episode(engine, wf, data=None):
 
 
 def test_sessions_form_one_group_with_its_baseline(engine, tokenizer):
-    wf = AgentWorkflow(G, tokenizer, agent="tests.support.agents:calculator", n_sessions=4)
+    wf = AgentWorkflow(G, tokenizer, proxy=PROXY, agent="tests.support.agents:calculator", n_sessions=4)
     traj = episode(engine, wf, {"answer": "89"})
     assert traj["input_ids"].shape[0] == 4 and traj["session_index"].tolist() == [0, 1, 2, 3]
     r = traj["rewards"]
@@ -47,7 +48,7 @@ def test_sessions_form_one_group_with_its_baseline(engine, tokenizer):
 
 
 def test_rewards_set_per_turn_through_the_proxy_route(engine, tokenizer):
-    wf = AgentWorkflow(G, tokenizer, agent="tests.support.agents:rewards_each_turn", n_sessions=2,
+    wf = AgentWorkflow(G, tokenizer, proxy=PROXY, agent="tests.support.agents:rewards_each_turn", n_sessions=2,
                        turn_discount=0.5)
     traj = episode(engine, wf)
     # turn rewards 1 then 2: G_0 = 1 + 0.5 * 2
@@ -61,7 +62,7 @@ def test_rewards_set_per_turn_through_the_proxy_route(engine, tokenizer):
     ("never_ends", "did not finish within 2s"),
 ])
 def test_misbehaving_agents_fail_with_a_clear_error(engine, tokenizer, agent, message):
-    wf = AgentWorkflow(G, tokenizer, agent=f"tests.support.agents:{agent}", n_sessions=1,
+    wf = AgentWorkflow(G, tokenizer, proxy=PROXY, agent=f"tests.support.agents:{agent}", n_sessions=1,
                        session_timeout=2)
     with pytest.raises(AgentError, match="tests.support.agents:" + agent) as e:
         episode(engine, wf)
@@ -70,8 +71,8 @@ def test_misbehaving_agents_fail_with_a_clear_error(engine, tokenizer, agent, me
 
 def test_bad_configuration_is_caught_at_construction(tokenizer):
     with pytest.raises(WorkflowImportError):
-        AgentWorkflow(G, tokenizer, agent="tests.support.agents:missing")
+        AgentWorkflow(G, tokenizer, proxy=PROXY, agent="tests.support.agents:missing")
     with pytest.raises(TypeError, match="async def"):
-        AgentWorkflow(G, tokenizer, agent="tests.support.agents:not_async")
+        AgentWorkflow(G, tokenizer, proxy=PROXY, agent="tests.support.agents:not_async")
     with pytest.raises(ValueError, match="n_samples=1"):
-        AgentWorkflow(G.new(n_samples=2), tokenizer, agent="tests.support.agents:calculator")
+        AgentWorkflow(G.new(n_samples=2), tokenizer, proxy=PROXY, agent="tests.support.agents:calculator")

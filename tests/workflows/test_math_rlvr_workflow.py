@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from arealite.api.config import GenerationHyperparameters
+from arealite.api.config.rollout import GenerationHyperparameters
 from tests.support.wf_checks import assert_trajectory
 from tests.support.wf_local_engine import ScriptedEngine
 from workflows.math import MathRLVRWorkflow

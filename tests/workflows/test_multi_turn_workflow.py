@@ -2,7 +2,7 @@ import asyncio
 
 import pytest
 
-from arealite.api.config import GenerationHyperparameters
+from arealite.api.config.rollout import GenerationHyperparameters
 from tests.support.wf_checks import assert_trajectory
 from tests.support.wf_local_engine import ScriptedEngine
 from workflows.multi_turn import MultiTurnWorkflow, feedback_token_ids

@@ -4,16 +4,15 @@ import time
 
 import pytest
 
-from tests.support import wf_reward_helpers as H
-from workflows.reward_pool import (
+from arealite.api.reward_api import (
     RewardFailed,
-    RewardPool,
     check_reward_fn,
-    compute_reward,
     inline_reward,
     reset_reward_stats,
     reward_stats,
 )
+from tests.support import wf_reward_helpers as H
+from workflows.reward_pool import RewardPool, compute_reward
 
 
 @pytest.fixture(scope="module")

@@ -6,12 +6,11 @@ import time
 import pytest
 import torch
 
-from arealite.api.config import GenerationHyperparameters
-from arealite.api.reward_api import RewardFailed
+from arealite.api.config.rollout import GenerationHyperparameters
+from arealite.api.reward_api import RewardFailed, reward_stats
 from tests.support import wf_reward_helpers as H
 from tests.support.wf_checks import assert_trajectory, recompute_logprobs
 from tests.support.wf_local_engine import ScriptedEngine
-from workflows.reward_pool import reward_stats
 from workflows.rewards.toy import toy_reward
 from workflows.rlvr import RLVRWorkflow
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from arealite.api.config import GenerationHyperparameters
+from arealite.api.config.rollout import GenerationHyperparameters
 from workflows.prompting import with_stop_tokens
 from workflows.rewards.toy import toy_reward
 from workflows.rlvr import RLVRWorkflow

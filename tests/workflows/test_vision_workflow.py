@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from arealite.api.config import GenerationHyperparameters, InferenceEngineConfig
+from arealite.api.config.rollout import GenerationHyperparameters, InferenceEngineConfig
 from arealite.api.io_struct import FinetuneSpec
 from arealite.engine.fsdp_engine import FSDPEngine
 from arealite.engine.vision_processor import load_processor

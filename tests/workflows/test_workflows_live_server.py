@@ -8,14 +8,14 @@ import functools
 import pytest
 import torch
 
-from arealite.api.config import GenerationHyperparameters, InferenceEngineConfig, WorkflowConfig
-from arealite.api.reward_api import RewardFailed
+from arealite.api.config.rollout import GenerationHyperparameters, InferenceEngineConfig
+from arealite.api.config.workflow import WorkflowConfig
+from arealite.api.reward_api import RewardFailed, reward_stats
 from arealite.api.workflow_factory import build_workflow
 from tests.support import wf_reward_helpers as H
 from tests.support.procs import embedded_server
 from tests.support.wf_checks import assert_trajectory, recompute_logprobs
 from workflows.multi_turn import MultiTurnWorkflow
-from workflows.reward_pool import reward_stats
 from workflows.rewards.toy import toy_reward
 from workflows.rlvr import RLVRWorkflow
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from workflows.reward_pool import is_inline
+from arealite.api.reward_api import is_inline
 
 
 class WeightedSum:

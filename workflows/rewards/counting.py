@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from workflows.reward_pool import inline_reward
+from arealite.api.reward_api import inline_reward
 
 _NUMBER = re.compile(r"\d{1,6}")
 

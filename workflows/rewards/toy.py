@@ -1,6 +1,6 @@
 """Reward of the toy arithmetic task (``arealite.demo.toy_math``): 1.0 iff the completion's
 ``#### N`` answer equals the row's. Pure Python and microseconds per call, so it runs inline
-(see ``workflows.reward_pool.inline_reward``)."""
+(see ``arealite.api.reward_api.inline_reward``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import re
 from fractions import Fraction
 from typing import Any
 
-from workflows.reward_pool import inline_reward
+from arealite.api.reward_api import inline_reward
 
 # A number after '####': optional sign, digits with optional thousands commas, optional decimals.
 # At most ~60 digits, and not a prefix of a longer number (huge literals are never answers here,

@@ -30,7 +30,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from arealite.api.config import GenerationHyperparameters
+from arealite.api.config.rollout import GenerationHyperparameters
 from arealite.api.io_struct import token_ids_json
 from arealite.backends.base import ProtocolError, Segment
 from arealite.backends.sglang import token_versions

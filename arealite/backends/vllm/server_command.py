@@ -99,6 +99,6 @@ def lora_flags(lora: Any, max_head_offpolicyness: int) -> tuple[list[str], dict[
 
 
 def on_cpu(device: str, gpus_per_server: int, environ: dict[str, str]) -> bool:
-    """Whether a server runs on CPU: ``sglang.device: cpu``, or ``auto`` with no GPU given."""
+    """Whether a server runs on CPU: ``servers.device: cpu``, or ``auto`` with no GPU given."""
     return device == "cpu" or (device == "auto" and gpus_per_server == 0
                                and not environ.get("CUDA_VISIBLE_DEVICES"))

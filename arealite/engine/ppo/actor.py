@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from arealite.api.config import PPOActorConfig
+from arealite.api.config.actor import PPOActorConfig
 from arealite.api.engine_api import TrainEngine
 from arealite.api.io_struct import VersionClock
 from arealite.api.trajectory import TensorDict

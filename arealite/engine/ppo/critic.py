@@ -15,7 +15,7 @@ import functools
 
 import torch
 
-from arealite.api.config import PPOCriticConfig
+from arealite.api.config.actor import PPOCriticConfig
 from arealite.api.engine_api import TrainEngine
 from arealite.api.trajectory import TensorDict
 from arealite.engine.fsdp_engine import FSDPEngine

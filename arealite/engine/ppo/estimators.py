@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from arealite.api.config import PPOActorConfig
+from arealite.api.config.actor import PPOActorConfig
 from arealite.engine.functional import masked_normalization
 from arealite.engine.ppo.advantages import (
     gae_advantages,

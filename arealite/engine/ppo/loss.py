@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from arealite.api.config import PPOActorConfig, PPOCriticConfig
+from arealite.api.config.actor import PPOActorConfig, PPOCriticConfig
 from arealite.api.trajectory import TensorDict
 from arealite.engine.functional import gather_logprobs, gather_logprobs_entropy
 from arealite.engine.ppo.corrections import behaviour_correction

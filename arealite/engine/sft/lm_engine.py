@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from arealite.api.config import TrainEngineConfig
+from arealite.api.config.actor import TrainEngineConfig
 from arealite.api.engine_api import TrainEngine
 from arealite.api.trajectory import TensorDict, pad_sequences_to_tensors
 from arealite.engine.fsdp_engine import FSDPEngine

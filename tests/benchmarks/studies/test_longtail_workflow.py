@@ -7,7 +7,8 @@ import asyncio
 import pytest
 from transformers import AutoTokenizer
 
-from arealite.api.config import GenerationHyperparameters, WorkflowConfig
+from arealite.api.config.rollout import GenerationHyperparameters
+from arealite.api.config.workflow import WorkflowConfig
 from arealite.api.io_struct import ModelRequest, ModelResponse
 from arealite.api.workflow_factory import build_workflow
 from benchmarks.studies.longtail_workflow import LongTailRLVRWorkflow, first_stop, is_tail
@@ -81,6 +82,7 @@ def test_episode_long_tail_masks_after_eos_and_scores_the_answer(tok):
 def test_built_by_import_path_and_checks_its_arguments(tok):
     g = GenerationHyperparameters(n_samples=2, max_new_tokens=10)
     cfg = WorkflowConfig(path="benchmarks.studies.longtail_workflow:LongTailRLVRWorkflow",
+                         reward_fn="workflows.rewards.toy:toy_reward",
                          kwargs={"tail_fraction": 0.25, "tail_max_new_tokens": 64})
     wf = build_workflow(cfg, g, tok)
     assert isinstance(wf, LongTailRLVRWorkflow) and wf.tail_fraction == 0.25

@@ -34,7 +34,7 @@ def test_args_defaults_and_errors():
 def test_every_variant_is_a_valid_config(name):
     """Each variant's keys load on top of the main job's config (the schema's own checks,
     e.g. Dr.GRPO's sum norm needing loss_agg_norm) and set what they say."""
-    from arealite.api.config_loader import load_config
+    from arealite.api.config.loader import load_config
 
     over = vb.variant_overrides(name, 10)
     assert all("{" not in o for o in over)

@@ -122,7 +122,7 @@ def test_arealite_argv_shares_the_shape_and_seed_and_skips_recovery_checkpoints(
         vs_trl.parse_args(["--seeds", "a"])
     argv = vs_trl.arealite_argv("async", a, tmp_path / "m", tmp_path / "d", "exp", 750, 3, "async-s3")
     assert argv[0] == str(vs_trl.CONFIGS["async"]) and "total_train_seconds=30.0" in argv
-    assert {"seed=3", "sglang.random_seed=3", "trial_name=async-s3", "gconfig.n_samples=8",
+    assert {"seed=3", "servers.random_seed=3", "trial_name=async-s3", "gconfig.n_samples=8",
             "gconfig.max_new_tokens=5", "actor.optimizer.lr=0.0002", "total_train_steps=750"} <= set(argv)
     # arealite's algorithm choices for the comparison, before the overrides (which win)
     assert "actor.adv_estimator=grpo" in vs_trl.ALGORITHM

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from arealite.api.config import PPOActorConfig
+from arealite.api.config.actor import PPOActorConfig
 from arealite.engine.packing import pack_tensor_dict
 from arealite.engine.ppo import corrections as C
 from arealite.engine.ppo import loss as L

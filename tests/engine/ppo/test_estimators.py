@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from arealite.api.config import PPOActorConfig
+from arealite.api.config.actor import PPOActorConfig
 from arealite.engine.ppo import estimators as E
 from tests.engine.ppo.test_advantages import _ref_gae
 from tests.support.random_batch import TOL, rand_batch

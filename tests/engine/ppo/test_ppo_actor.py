@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from arealite.api.config import OptimizerConfig
+from arealite.api.config.actor import OptimizerConfig
 from arealite.api.io_struct import FinetuneSpec
 from arealite.engine.fsdp_engine import FSDPEngine
 from arealite.engine.functional import gather_logprobs

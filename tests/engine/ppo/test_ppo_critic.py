@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from arealite.api.config import OptimizerConfig, PPOCriticConfig
+from arealite.api.config.actor import OptimizerConfig, PPOCriticConfig
 from arealite.api.io_struct import FinetuneSpec
 from arealite.engine.ppo.actor import FSDPPPOActor
 from arealite.engine.ppo.advantages import gae_advantages, kl_shaped_token_rewards

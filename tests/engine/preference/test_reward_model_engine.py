@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from arealite.api.config import OptimizerConfig
+from arealite.api.config.actor import OptimizerConfig
 from arealite.api.io_struct import FinetuneSpec, SaveLoadMeta
 from arealite.engine.preference.losses import bradley_terry_loss
 from arealite.engine.preference.reward_model import (

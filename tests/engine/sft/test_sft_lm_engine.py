@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from arealite.api.config import OptimizerConfig
+from arealite.api.config.actor import OptimizerConfig
 from arealite.api.io_struct import FinetuneSpec
 from arealite.demo.toy_math import generate_toy_math
 from arealite.engine.sft.lm_engine import FSDPLMEngine, build_sft_batch

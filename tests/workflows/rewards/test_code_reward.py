@@ -56,7 +56,8 @@ def test_code_reward_in_the_pool_and_a_killed_worker_leaves_nothing(reward_pool_
     import asyncio
     import functools
 
-    from workflows.reward_pool import compute_reward, reward_stats
+    from arealite.api.reward_api import reward_stats
+    from workflows.reward_pool import compute_reward
 
     good = "```python\nn = int(input())\nprint(n * n)\n```"
     r = asyncio.run(compute_reward(code_reward, "p", good, [], [], {"tests": TESTS}, timeout=60))

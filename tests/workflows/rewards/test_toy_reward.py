@@ -2,8 +2,8 @@ from fractions import Fraction
 
 import pytest
 
+from arealite.api.reward_api import is_inline
 from arealite.demo.toy_math import generate_toy_math
-from workflows.reward_pool import is_inline
 from workflows.rewards.toy import extract_hash_answer, toy_reward
 
 

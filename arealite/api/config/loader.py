@@ -11,8 +11,19 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from arealite.api.config import BaseExperimentConfig, GRPOConfig, SFTConfig
-from arealite.api.preference_config import DPOConfig, RewardModelConfig
+from arealite.api.config.experiment import (
+    BaseExperimentConfig,
+    DPOConfig,
+    GRPOConfig,
+    RewardModelConfig,
+    SFTConfig,
+)
+from arealite.api.config.servers import (
+    LEGACY_SECTION,
+    rename_legacy_override,
+    rename_legacy_section,
+    warn_legacy_section,
+)
 from arealite.api.workflow_factory import import_by_path
 
 # experiment kind -> its config class (``kind:`` in a YAML file; the entry module is
@@ -79,6 +90,7 @@ def parse_override(item: str) -> tuple[list[str], Any]:
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     for item in overrides:
         path, value = parse_override(item)
+        rename_legacy_override(path)  # sglang.x=... sets servers.x
         node = data
         for part in path[:-1]:
             nxt = node.get(part)
@@ -149,7 +161,12 @@ def load_config(
     """Read YAML (optional), apply overrides, validate. The class comes from ``kind``
     (``grpo`` by default) unless given."""
     data = read_yaml(path) if path is not None else {}
-    data = apply_overrides(data, list(overrides or []))
+    legacy = rename_legacy_section(data)
+    overrides = list(overrides or [])
+    legacy |= any(parse_override(o)[0][0] == LEGACY_SECTION for o in overrides)
+    if legacy:  # one line, however many places still say it
+        warn_legacy_section()
+    data = apply_overrides(data, overrides)
     if cls is None:
         kind = data.get("kind", "grpo")
         if not isinstance(kind, str) or kind not in CONFIG_CLASSES:
