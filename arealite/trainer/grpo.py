@@ -22,8 +22,7 @@ import torch.distributed as dist
 from arealite.api.config import GRPOConfig
 from arealite.api.io_struct import FinetuneSpec, SaveLoadMeta
 from arealite.api.workflow_factory import build_workflow
-from arealite.backends.registry import protocol_for, weight_update_for
-from arealite.backends.vllm.server_command import on_cpu
+from arealite.backends.registry import protocol_for, servers_on_cpu, weight_update_for
 from arealite.dataset.loader import create_dataloader, load_rows
 from arealite.engine.ppo.actor import FSDPPPOActor
 from arealite.engine.ppo.critic import FSDPPPOCritic
@@ -99,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # Weight updates: a disk folder per version, or one broadcast group for the whole run.
     # (from the config alone: this process's CUDA_VISIBLE_DEVICES names the trainer's GPUs)
-    on_gpu = not on_cpu(config.sglang.device, config.launcher.gpus_per_server, {})
+    on_gpu = not servers_on_cpu(config.sglang.device, config.launcher.gpus_per_server, {})
     wu = weight_update_for(config.weight_update, protocol, on_gpu)
     weights_dir = config.run_dir("weights")
     port = [wu.master_port or (find_free_port() if rank == 0 else 0)]
