@@ -1,9 +1,10 @@
-"""The client protocol of each ``launcher.server_backend``, and what that backend implies for
-weight updates (the one place that maps a backend name to behaviour)."""
+"""The client protocol of each ``launcher.server_backend``, where the servers run, and what
+both imply for weight updates (the one place that maps a backend name to behaviour)."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 from arealite.api.config.weights import WeightUpdateConfig
 from arealite.backends.base import GenerateProtocol
@@ -21,6 +22,14 @@ def protocol_for(server_backend: str) -> GenerateProtocol:
     except KeyError:
         raise ValueError(f"unknown server backend {server_backend!r}: one of "
                          f"{sorted(PROTOCOLS)}") from None
+
+
+def servers_on_cpu(device: str, gpus_per_server: int, environ: Mapping[str, str]) -> bool:
+    """Whether the inference servers run on CPU: ``servers.device: cpu``, or ``auto`` with no
+    GPU given (``environ`` is the servers' environment: the launcher's, not a trainer's, whose
+    ``CUDA_VISIBLE_DEVICES`` names the trainer's GPUs)."""
+    return device == "cpu" or (device == "auto" and gpus_per_server == 0
+                               and not environ.get("CUDA_VISIBLE_DEVICES"))
 
 
 def weight_update_for(wu: WeightUpdateConfig, protocol: GenerateProtocol,

@@ -16,6 +16,7 @@ from pathlib import Path
 from arealite.api.config.experiment import BaseExperimentConfig, GRPOConfig
 from arealite.api.config.launcher import LauncherConfig
 from arealite.api.config.loader import SECRET_FIELDS
+from arealite.backends.registry import servers_on_cpu
 from arealite.backends.vllm import server_command as vllm_server
 from arealite.utils import keys, network
 
@@ -216,7 +217,7 @@ def _vllm_specs(config: GRPOConfig, model_path: str, ports: list[int],
     """vLLM servers (``vllm_server.vllm_command``); a model vLLM cannot train with is a
     ``LaunchError`` here rather than a failure at the first request or update."""
     lc, sg = config.launcher, config.servers
-    cpu = vllm_server.on_cpu(sg.device, lc.gpus_per_server, environ)
+    cpu = servers_on_cpu(sg.device, lc.gpus_per_server, environ)
     problems = vllm_server.model_problems(model_path, cpu)
     if problems:
         raise LaunchError("launcher.server_backend=vllm: " + "; ".join(problems))

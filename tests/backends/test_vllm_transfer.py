@@ -13,7 +13,7 @@ import torch
 
 from arealite.api.config.weights import WeightUpdateConfig
 from arealite.api.io_struct import ParamSpec, WeightUpdateMeta
-from arealite.backends.registry import weight_update_for
+from arealite.backends.registry import servers_on_cpu, weight_update_for
 from arealite.backends.sglang import SGLANG
 from arealite.backends.vllm import weight_transfer as vt
 from arealite.backends.vllm.protocol import VLLM
@@ -42,6 +42,15 @@ def test_distributed_on_vllm_is_native_on_gpus_and_disk_on_cpu(caplog):
         assert weight_update_for(wu, VLLM, servers_on_gpu=False).type == "disk"
     assert "needs GPUs" in caplog.text
     assert weight_update_for(wu, SGLANG, servers_on_gpu=False).type == "distributed"
+
+
+def test_servers_are_on_cpu_when_asked_or_given_no_gpu():
+    assert servers_on_cpu("cpu", 1, {"CUDA_VISIBLE_DEVICES": "0"})
+    assert servers_on_cpu("auto", 0, {})
+    # the GPUs come from the launcher (gpus_per_server) or the servers' own environment
+    assert not servers_on_cpu("auto", 1, {})
+    assert not servers_on_cpu("auto", 0, {"CUDA_VISIBLE_DEVICES": "0"})
+    assert not servers_on_cpu("cuda", 0, {})
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-host error")

@@ -96,9 +96,3 @@ def lora_flags(lora: Any, max_head_offpolicyness: int) -> tuple[list[str], dict[
     slots = max(8, max_head_offpolicyness + 2)  # every version within the bound, plus eval
     return (["--enable-lora", "--max-lora-rank", str(lora.rank), "--max-loras", str(slots)],
             {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"})
-
-
-def on_cpu(device: str, gpus_per_server: int, environ: dict[str, str]) -> bool:
-    """Whether a server runs on CPU: ``servers.device: cpu``, or ``auto`` with no GPU given."""
-    return device == "cpu" or (device == "auto" and gpus_per_server == 0
-                               and not environ.get("CUDA_VISIBLE_DEVICES"))

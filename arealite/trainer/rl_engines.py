@@ -1,0 +1,229 @@
+"""The engines of one RL run (``trainer/grpo.py``), and the phases of a step over them.
+
+Built once, in the same order on every rank (the FSDP initializations and the broadcast port
+are collectives): the data, the rollout client (staleness-gated), an evaluation client (no
+gate), the actor, then the optional reference model, critic and reward-model pool, the
+workflows, the weight-update channel and the per-step switches (dynamic sampling, co-located
+phases). One version clock per rank: the rollout client's, shared by the other two.
+
+A step: ``rollout_batch`` -> ``prepare_logp_and_advantages`` -> ``ppo_update`` ->
+``sync_weights``, timed as ``timeperf/rollout_wait``, ``logp``, ``update``, ``weight_sync``.
+Async (``prepare_batch``, trajectories at most ``max_head_offpolicyness`` versions old) and sync
+(``rollout_batch``) differ in the rollout phase only; ``launcher.colocate`` adds the switches of
+``trainer/colocate.py`` around the phases.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+from arealite.api.config.experiment import GRPOConfig
+from arealite.api.config.weights import WeightUpdateConfig
+from arealite.api.io_struct import FinetuneSpec
+from arealite.api.workflow_api import RolloutWorkflow
+from arealite.api.workflow_factory import build_workflow
+from arealite.backends.base import GenerateProtocol
+from arealite.backends.registry import protocol_for, servers_on_cpu, weight_update_for
+from arealite.dataset.loader import create_dataloader, load_rows
+from arealite.engine.ppo.actor import FSDPPPOActor
+from arealite.engine.ppo.critic import FSDPPPOCritic
+from arealite.engine.vision_processor import vision_processor
+from arealite.observe.timing import timer
+from arealite.rollout.data_cycle import DataCycle
+from arealite.rollout.dynamic_sampling import GroupRewardFilter, rollout_full_batch
+from arealite.rollout.remote_engine import RemoteSGLangEngine
+from arealite.rollout.reward_model_client import RemoteRewardModelEngine
+from arealite.trainer.colocate import ColocatedPhases
+from arealite.trainer.common import load_tokenizer
+from arealite.trainer.eval_hook import EvalFn, load_eval_fn, run_evaluation
+from arealite.utils.network import find_free_port
+from arealite.weights.push import push_weights, weight_meta
+
+
+@dataclass
+class RLEngines:
+    config: GRPOConfig
+    rank: int
+    world: int
+    tokenizer: Any
+    processor: Any  # a vision-language model's (its workflows and HF checkpoints need it), or None
+    # data: each rank takes its shard of every global batch
+    loader: Any
+    valid_rows: list[dict[str, Any]]
+    ft: FinetuneSpec
+    cycle: DataCycle  # sync mode's walk over the loader; async mode's is the executor's
+    rollout: RemoteSGLangEngine
+    eval_rollout: RemoteSGLangEngine
+    actor: FSDPPPOActor
+    ref: FSDPPPOActor | None
+    critic: FSDPPPOCritic | None  # PPO with a learned baseline: GAE over its values
+    reward_model: RemoteRewardModelEngine | None  # the training workflow scores through it
+    workflow: RolloutWorkflow
+    eval_workflow: RolloutWorkflow
+    eval_fn: EvalFn | None
+    # weight updates: a disk folder per version, or one broadcast group for the whole run
+    wu: WeightUpdateConfig
+    weights_dir: Path
+    master_port: int
+    keep: GroupRewardFilter | None  # DAPO dynamic sampling: equal-reward groups dropped
+    colocated: ColocatedPhases | None  # launcher.colocate: servers and trainer take turns
+
+    @property
+    def total_steps(self) -> int:
+        return self.ft.total_train_steps  # also the lr schedule's length
+
+    def data_state(self) -> dict[str, Any]:
+        """The data position beyond the loader's: the epoch and, in async mode, the rows in
+        flight (the loader is past them)."""
+        return self.rollout.data_state() if self.config.async_training else self.cycle.state_dict()
+
+    def load_data_state(self, state: dict[str, Any]) -> None:
+        if self.config.async_training:
+            self.rollout.load_data_state(state)
+        else:
+            self.cycle.load_state_dict(state)
+
+    def start(self) -> None:
+        """The clients connect to their servers (after a restore: it sets their version)."""
+        self.rollout.initialize(None, train_data_parallel_size=self.world)
+        self.eval_rollout.initialize(None, train_data_parallel_size=1)
+        if self.reward_model is not None:
+            self.reward_model.initialize()
+
+    def evaluate(self, version: int) -> dict[str, float]:
+        """Held-out evaluation; drains the training rollout first (collective)."""
+        context = {"tokenizer": self.tokenizer, "version": version, "config": self.config}
+        return run_evaluation(self.rollout, self.eval_rollout, self.eval_workflow, self.valid_rows,
+                              self.config.evaluator, self.eval_fn, context, self.rank == 0)
+
+    def destroy(self) -> None:
+        for engine in (self.rollout, self.eval_rollout, self.actor,
+                       *(e for e in (self.reward_model, self.critic) if e is not None)):
+            engine.destroy()
+
+
+def build_rl_engines(config: GRPOConfig, rank: int, world: int) -> RLEngines:
+    tokenizer = load_tokenizer(config.tokenizer_path or config.actor.path)
+    train_rows = load_rows(config.train_dataset)
+    valid_rows = load_rows(config.valid_dataset) if config.valid_dataset else []
+    loader = create_dataloader(train_rows, config.train_dataset, config.seed, rank, world)
+    ft = FinetuneSpec(config.total_train_epochs, len(train_rows), config.train_dataset.batch_size,
+                      config.total_train_steps)
+    # The client speaks the servers' protocol (launcher.server_backend: SGLang's or vLLM's).
+    protocol = protocol_for(config.launcher.server_backend)
+    rollout = RemoteSGLangEngine(config.rollout, protocol=protocol)
+    eval_rollout = RemoteSGLangEngine(config.rollout.model_copy(
+        update={"max_head_offpolicyness": 1 << 20, "max_concurrent_rollouts": None}),
+        rollout.clock, protocol)
+    eval_rollout.adapters = rollout.adapters  # a LoRA run evaluates its current adapter
+    actor = FSDPPPOActor(config.actor, config.device, config.dist_backend, config.seed, rollout.clock)
+    actor.initialize(None, ft)
+    ref = None
+    if config.ref is not None:
+        ref = FSDPPPOActor(config.ref, config.device, config.dist_backend, config.seed)
+        ref.initialize(None, None)
+    critic = None
+    if config.critic is not None:
+        critic = FSDPPPOCritic(config.critic.model_copy(update={"path": config.critic.path or config.actor.path}),
+                               config.device, config.dist_backend, config.seed)
+        critic.initialize(None, ft)
+    rm = RemoteRewardModelEngine(config.reward_model) if config.reward_model else None
+    processor = vision_processor(config.actor.path)
+    extra = {"processor": processor} if processor is not None else {}
+    rm_kw = {"reward_model": rm} if rm is not None else {}
+    workflow = build_workflow(config.workflow, config.gconfig, tokenizer, **extra, **rm_kw)
+    eval_gconfig = config.eval_gconfig or config.gconfig.new(n_samples=1, greedy=True, temperature=0.0)
+    # evaluation keeps the rule reward alone: held-out accuracy stays the verifiable one
+    eval_workflow = build_workflow(config.workflow, eval_gconfig, tokenizer, **extra)
+    eval_fn = load_eval_fn(config.evaluator.eval_fn)
+    wu, port = _weight_update(config, protocol, rank)
+    return RLEngines(
+        config, rank, world, tokenizer, processor, loader, valid_rows, ft, DataCycle(),
+        rollout, eval_rollout, actor, ref, critic, rm, workflow, eval_workflow, eval_fn,
+        wu, config.run_dir("weights"), port,
+        keep=GroupRewardFilter() if config.actor.dynamic_sampling else None,
+        colocated=_colocated_phases(config, rollout, actor, ref, rm, rank))
+
+
+def _weight_update(config: GRPOConfig, protocol: GenerateProtocol, rank: int) -> tuple[WeightUpdateConfig, int]:
+    """The update type the servers can receive, and the broadcast group's port (rank 0's)."""
+    # from the config alone: this process's CUDA_VISIBLE_DEVICES names the trainer's GPUs
+    on_gpu = not servers_on_cpu(config.servers.device, config.launcher.gpus_per_server, {})
+    wu = weight_update_for(config.weight_update, protocol, on_gpu)
+    port = [wu.master_port or (find_free_port() if rank == 0 else 0)]
+    if dist.is_initialized() and wu.type == "distributed":
+        dist.broadcast_object_list(port, src=0)
+    return wu, port[0]
+
+
+def _colocated_phases(config: GRPOConfig, rollout: RemoteSGLangEngine, actor: FSDPPPOActor,
+                      ref: FSDPPPOActor | None, rm: RemoteRewardModelEngine | None,
+                      rank: int) -> ColocatedPhases | None:
+    """launcher.colocate: servers and trainer take turns with the host's memory (sync mode);
+    the reward-model pool takes turns too, unless the launcher gave it GPUs of its own."""
+    if not config.launcher.colocate:
+        return None
+    own_gpus = config.launcher.reward_model_servers is not None and config.launcher.gpus_per_server
+    return ColocatedPhases(rollout, actor, ref, rank, reward_model=None if own_gpus else rm,
+                           recreate=config.launcher.colocate_servers == "recreate",
+                           start_timeout=config.launcher.startup_timeout + 60)
+
+
+def rollout_batch(e: RLEngines) -> dict[str, Any]:
+    """The step's trajectories: async ``prepare_batch`` (from the executor's queue), or sync
+    ``rollout_batch`` (with dynamic sampling: drawn until the batch is full)."""
+    if e.colocated is not None:  # co-located: the accelerator goes to the servers
+        e.colocated.offload_actor()
+    with timer("rollout_wait"):
+        if e.config.async_training:
+            batch = e.rollout.prepare_batch(e.loader, e.workflow, should_accept=e.keep)
+        elif e.keep is not None:
+            batch = rollout_full_batch(
+                lambda rows, accept: e.rollout.rollout_batch(rows, e.workflow, accept),
+                lambda: e.cycle.next_rows(e.loader), e.keep,
+                e.config.rollout.consumer_batch_size, e.config.actor.group_size)
+        else:
+            batch = e.rollout.rollout_batch(e.cycle.next_rows(e.loader), e.workflow)
+    if e.colocated is not None:  # ... and back to the trainer
+        e.colocated.release()
+    return batch
+
+
+def prepare_logp_and_advantages(e: RLEngines, batch: dict[str, Any]) -> None:
+    """Recomputed log-probabilities, the reference model's, the critic's values, advantages."""
+    with timer("logp"):
+        e.actor.prepare_prox_logp(batch)  # fused into the update when it can be
+        if e.ref is not None:
+            batch["ref_logp"] = (e.colocated.ref_logp(batch) if e.colocated is not None
+                                 else e.ref.compute_logp(batch))
+        if e.critic is not None:
+            batch["values"] = e.critic.compute_values(batch)
+        e.actor.compute_advantages(batch)
+
+
+def ppo_update(e: RLEngines, batch: dict[str, Any]) -> dict[str, float]:
+    with timer("update"):
+        stats = e.actor.ppo_update(batch)
+        if e.critic is not None:  # trained on the returns
+            stats.update(e.critic.ppo_update(batch))
+    return stats
+
+
+def sync_weights(e: RLEngines, version: int) -> None:
+    """Pause the rollout, push the new weights as ``version``, resume."""
+    with timer("weight_sync"):
+        if e.colocated is not None:  # the servers get their memory back first
+            e.colocated.resume()
+        e.rollout.pause()
+        push_to_servers(e, version)
+        e.rollout.resume()
+
+
+def push_to_servers(e: RLEngines, version: int) -> None:
+    """The servers to the actor's weights as ``version`` (every rank; collective)."""
+    push_weights(e.actor, e.rollout, weight_meta(e.wu, version, e.weights_dir, e.master_port, e.actor),
+                 e.rank, e.wu.timeout, e.wu.retries)

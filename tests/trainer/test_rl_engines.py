@@ -1,0 +1,98 @@
+"""The phases of one RL step over fake engines: which rollout call each mode makes, where the
+co-located switches sit, and that a weight sync is one push between pause and resume."""
+
+from __future__ import annotations
+
+import pytest
+
+from arealite.api.trajectory import concat_padded_tensors
+from arealite.rollout.dynamic_sampling import GroupRewardFilter
+from arealite.trainer.rl_engines import (
+    ppo_update,
+    prepare_logp_and_advantages,
+    rollout_batch,
+    sync_weights,
+)
+from tests.support.fake_rl_engines import (
+    FakeActor,
+    FakeRollout,
+    fake_engines,
+    grpo_config,
+    trajectories,
+)
+
+
+class Switches:
+    """``ColocatedPhases``' four switches, recorded."""
+
+    def __init__(self, calls: list[tuple], ref: FakeActor | None = None) -> None:
+        self.calls, self.ref = calls, ref
+
+    def offload_actor(self) -> None:
+        self.calls.append(("colocate", "offload_actor"))
+
+    def release(self) -> None:
+        self.calls.append(("colocate", "release"))
+
+    def resume(self) -> None:
+        self.calls.append(("colocate", "resume"))
+
+    def ref_logp(self, batch: dict):
+        self.calls.append(("colocate", "onload_ref"))
+        return self.ref.compute_logp(batch)
+
+
+@pytest.mark.parametrize("async_training", [True, False])
+def test_each_mode_makes_its_one_rollout_call(tmp_path, async_training):
+    calls: list[tuple] = []
+    keep = GroupRewardFilter()
+    e = fake_engines(grpo_config(tmp_path, f"async_training={str(async_training).lower()}"), calls)
+    rollout_batch(e)
+    if async_training:  # the executor draws from the loader itself, filtered by should_accept
+        e.keep = keep
+        rollout_batch(e)
+        assert calls == [("rollout", "prepare_batch", None), ("rollout", "prepare_batch", keep)]
+    else:  # the loader's next rows, through the data cycle
+        rollout_batch(e)
+        assert calls == [("rollout", "rollout_batch", [0, 1]), ("rollout", "rollout_batch", [2, 3])]
+
+
+def test_sync_dynamic_sampling_draws_until_the_batch_is_full(tmp_path):
+    class GroupPerRow(FakeRollout):  # as the executor: should_accept on each episode
+        def rollout_batch(self, rows, workflow, should_accept=None):
+            self._call("rollout_batch", [r["id"] for r in rows])
+            groups = [trajectories(3) for _ in rows]
+            for row, group in zip(rows, groups):
+                group["rewards"][0] = 1 - row["id"] % 2  # odd ids: rewards that differ
+            kept = [g for g in groups if should_accept(g)]
+            return concat_padded_tensors(kept) if kept else {}
+
+    calls: list[tuple] = []
+    config = grpo_config(tmp_path, "rollout.consumer_batch_size=2", "actor.group_size=3",
+                         "gconfig.n_samples=3")
+    e = fake_engines(config, calls, rollout=GroupPerRow(calls), keep=GroupRewardFilter())
+    batch = rollout_batch(e)
+    assert batch["rewards"].shape[0] == 2 * 3
+    # two groups missing: rows 0 (equal rewards, dropped) and 1; then one: row 2 (dropped), 3
+    assert calls == [("rollout", "rollout_batch", [0, 1]), ("rollout", "rollout_batch", [2]),
+                     ("rollout", "rollout_batch", [3])]
+
+
+def test_colocated_switches_surround_generation_ref_logp_and_the_push(tmp_path):
+    calls: list[tuple] = []
+    config = grpo_config(tmp_path)
+    e = fake_engines(config, calls)
+    e.ref = FakeActor(calls)
+    e.colocated = Switches(calls, e.ref)
+    batch = rollout_batch(e)
+    prepare_logp_and_advantages(e, batch)
+    assert ppo_update(e, batch) == {"actor/loss": 0.0}
+    sync_weights(e, version=1)
+    assert calls == [
+        ("colocate", "offload_actor"), ("rollout", "rollout_batch", [0, 1]), ("colocate", "release"),
+        ("actor", "prepare_prox_logp"), ("colocate", "onload_ref"), ("ref", "compute_logp"),
+        ("actor", "compute_advantages"), ("actor", "ppo_update"),
+        # the servers get their memory back, then one push between pause and resume
+        ("colocate", "resume"), ("rollout", "pause"), ("rollout", "update_weights", 1),
+        ("actor", "upload_weights", 1), ("rollout", "set_version", 1), ("rollout", "resume")]
+    assert "ref_logp" in batch
