@@ -16,8 +16,10 @@ embedded ones) and the owner of the rollout executor.
   was sent with (``rollout.lora_adapters``).
 - Bodies and answers belong to the backend's ``GenerateProtocol`` (``rollout.backend``; with
   ``image_data`` for a request's images): another backend is another protocol, not another client.
-- The engine owns the event-loop thread (lent to the executor) and the version clock
-  (``self.clock``, shared with the staleness gate and other engines of the same trainer rank).
+- The trainer's half (submit, wait, batches, pause, versions, recovery state) is
+  ``RolloutControl``'s, the base class, which owns the event-loop thread (lent to the executor,
+  and running this client's requests, updates and probes) and the version clock (``self.clock``,
+  shared with the staleness gate and other engines of the same trainer rank).
 - ``update_weights`` runs ``rollout.weight_sync`` (LoRA: ``lora_adapters``) on the engine's loop,
   returning a ``Future``; the version moves once every remaining server confirmed. A server that
   fails an update leaves the pool until its version is current (re-synced from disk if need be).
@@ -32,7 +34,6 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -40,7 +41,6 @@ import aiohttp
 import torch
 
 from arealite.api.config import InferenceEngineConfig
-from arealite.api.engine_api import InferenceEngine
 from arealite.api.io_struct import (
     ModelRequest,
     ModelResponse,
@@ -49,14 +49,11 @@ from arealite.api.io_struct import (
     WeightUpdateMeta,
     WeightUpdateType,
 )
-from arealite.api.trajectory import TensorDict
-from arealite.api.workflow_api import RolloutWorkflow
 from arealite.backends.base import GenerateProtocol, ProtocolError
 from arealite.backends.sglang import SGLANG
-from arealite.rollout.executor import WorkflowExecutor
 from arealite.rollout.group_generate import generate_group
-from arealite.rollout.health import check_endpoints, ready_for_readmission
-from arealite.rollout.loop_thread import LoopThread
+from arealite.rollout.health import ready_for_readmission, wait_healthy
+from arealite.rollout.rollout_control import RolloutControl
 from arealite.rollout.router import NoHealthyServer, ServerRouter
 from arealite.utils.http import (
     RETRYABLE_STATUS,
@@ -65,10 +62,9 @@ from arealite.utils.http import (
     decode_body,
     describe_error,
     error_message,
-    request_json,
     uncancel,
 )
-from arealite.utils.keys import HINT, ClientKeys, check_api_key
+from arealite.utils.keys import HINT, ClientKeys
 from arealite.utils.network import parse_addrs
 from arealite.weights.fanout import GroupLayout, WeightSync, group_layout
 from arealite.weights.lora_adapters import AdapterVersions
@@ -94,18 +90,15 @@ class GenerationError(RuntimeError):
         self.errors = errors or []
 
 
-class RemoteSGLangEngine(InferenceEngine):
+class RemoteSGLangEngine(RolloutControl):
     def __init__(
         self, config: InferenceEngineConfig, clock: VersionClock | None = None,
         protocol: GenerateProtocol = SGLANG,
     ):
-        self.config = config
+        super().__init__(config, clock)  # the clock, the loop thread and the executor
         self.protocol = protocol
         self.addresses: list[str] = []
         self.pool: ServerRouter | None = None
-        self.clock = clock or VersionClock()  # the one weight version of this trainer rank
-        self.loop = LoopThread("rollout-executor")
-        self.executor = WorkflowExecutor(config, self, self.loop, self.clock)
         # Keys from the config or AREALITE_API_KEY / AREALITE_ADMIN_API_KEY; the api key's
         # header is a default of every session (built once), the admin key's goes on admin calls.
         self.keys = ClientKeys.from_config(config.api_key, config.admin_api_key)
@@ -140,7 +133,8 @@ class RemoteSGLangEngine(InferenceEngine):
         self._urls = {a: f"http://{a}{self.protocol.generate_path}" for a in addrs}
         self.executor.initialize(train_data_parallel_size or 1)
         self.loop.start(self.executor.launch_ready)  # ours, lent to the executor's episodes
-        fut = self.loop.run(self._wait_healthy(addrs, c.setup_timeout))
+        fut = self.loop.run(wait_healthy(self._sessions, addrs, c.setup_timeout, self.keys,
+                                         self.protocol))
         try:
             fut.result(c.setup_timeout + 10)
         except BaseException:
@@ -162,33 +156,6 @@ class RemoteSGLangEngine(InferenceEngine):
             except Exception as e:  # noqa: BLE001 - best effort at shutdown
                 logger.warning("destroying the weight-update group: %s", describe_error(e))
         await self._sessions.close_current()
-
-    async def _wait_healthy(self, addrs: list[str], timeout: float) -> None:
-        session = self._sessions.get()
-        deadline = time.monotonic() + timeout
-        reasons = {a: "not tried" for a in addrs}
-
-        async def probe(a: str) -> None:
-            while True:
-                try:
-                    left = max(0.1, min(5.0, deadline - time.monotonic()))
-                    res = await request_json(session, "GET", f"http://{a}/health", timeout=left)
-                    if res.status == 200:
-                        reasons.pop(a, None)
-                        return
-                    reasons[a] = f"HTTP {res.status}: {error_message(res.body)}"
-                except TRANSPORT_ERRORS as e:
-                    reasons[a] = describe_error(e)
-                if time.monotonic() + 0.2 >= deadline:
-                    return
-                await asyncio.sleep(0.2)
-
-        await asyncio.gather(*(probe(a) for a in addrs))
-        if reasons:
-            raise TimeoutError(f"servers not healthy after {timeout:.0f} s: "
-                               + "; ".join(f"{a} ({r})" for a, r in reasons.items()))
-        await check_api_key(session, addrs, timeout, self.keys)
-        await check_endpoints(session, addrs, self.protocol, timeout, self._admin_headers)
 
     # ------------------------------------------------------------------ generation
 
@@ -447,50 +414,3 @@ class RemoteSGLangEngine(InferenceEngine):
             bad += weight_mismatches(name, t, fetched, truncate_size, atol)
         if bad:
             raise WeightUpdateError("servers' weights differ from the trainer's: " + "; ".join(bad))
-
-    # ------------------------------------------------------------------ executor
-
-    def submit(self, data: dict[str, Any], workflow: RolloutWorkflow) -> None:
-        self.executor.submit(data, workflow)
-
-    def wait(self, count: int, timeout: float | None = None,
-             should_accept: Callable[[TensorDict], bool] | None = None) -> TensorDict:
-        return self.executor.wait(count, timeout, should_accept)
-
-    def rollout_batch(self, data: list[dict[str, Any]], workflow: RolloutWorkflow,
-                      should_accept: Callable[[TensorDict], bool] | None = None) -> TensorDict:
-        return self.executor.rollout_batch(data, workflow, should_accept)
-
-    def prepare_batch(self, dataloader: Any, workflow: RolloutWorkflow,
-                      should_accept: Callable[[TensorDict], bool] | None = None) -> TensorDict:
-        return self.executor.prepare_batch(dataloader, workflow, should_accept)
-
-    def data_state(self) -> dict[str, Any]:
-        """``prepare_batch``'s epoch and in-flight rows, for a recovery checkpoint."""
-        return self.executor.data_state()
-
-    def load_data_state(self, state: dict[str, Any]) -> None:
-        self.executor.load_data_state(state)
-
-    def idle_stats(self) -> dict[str, float]:
-        """The executor's idle time and ratio since the previous call (see ``WorkflowExecutor``)."""
-        return self.executor.idle_stats()
-
-    def pause(self) -> None:
-        self.executor.pause()
-
-    def resume(self) -> None:
-        self.executor.resume()
-
-    def set_version(self, version: int) -> None:
-        self.executor.set_version(version)  # moves self.clock (the executor's is the same)
-
-    def get_version(self) -> int:
-        return self.clock.value
-
-    def restore(self, version: int, data_state: dict[str, Any] | None = None) -> None:
-        """Resume a run at ``version`` in one call, before or after ``initialize``: the version,
-        the staleness counters it implies, and (async mode) ``prepare_batch``'s data state."""
-        self.executor.restore(version)
-        if data_state is not None:
-            self.executor.load_data_state(data_state)
