@@ -26,6 +26,7 @@ counters in its message; trajectories collected by a call that times out go back
 A wait also gives up early (``RolloutFailing``, with the last error) once max(16, 4·B) episodes
 in a row have failed, e.g. when no server answers. A workflow's exception is counted as
 ``failed`` and logged; a row ``prepare_batch`` drew is drawn again (``config.episode_retries``).
+An attached ``observer`` (the trace) is told of each episode queued, started and ended.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from arealite.api.io_struct import RolloutStat, VersionClock
 from arealite.api.trajectory import TensorDict, check_trajectory, concat_padded_tensors
 from arealite.api.workflow_api import RolloutWorkflow
 from arealite.observe.idle_time import IdleMeter
+from arealite.observe.rollout_observer import RolloutObserver
 from arealite.rollout import staleness
 from arealite.rollout.data_cycle import DataCycle, DataloaderFeed
 from arealite.rollout.loop_thread import LoopThread
@@ -73,6 +75,7 @@ class _Pending:
     workflow: RolloutWorkflow
     group: int | None  # rollout_batch's own episodes; None for the shared queue
     attempts: int = 0  # earlier failed episodes of this row (prepare_batch draws it again)
+    observed: Any = None  # the observer's record of its submission
 
 
 @dataclass
@@ -111,6 +114,7 @@ class WorkflowExecutor(DataloaderFeed):
         self._owns_loop = loop is None  # a lent loop is started and stopped by its owner
         self._lt = loop or LoopThread("rollout-executor")
         self._lt.on_exit = self._notify_all
+        self.observer: RolloutObserver | None = None  # told of each episode (set_observer)
         self._running: dict[int, _Pending] = {}  # started episodes, by launch number
         self._starts: dict[int, tuple[int | None, int]] = {}  # their (group, start version)
         self._launches = itertools.count()
@@ -192,8 +196,12 @@ class WorkflowExecutor(DataloaderFeed):
 
     async def _run_episode(self, key: int, item: _Pending, start_version: int) -> None:
         g = self.gate
+        obs = self.observer
+        seen = None if obs is None else obs.on_episode_start(item.observed)  # in this task
+        outcome = "failed"
         try:
             traj = await item.workflow.arun_episode(self.engine, item.data)
+            outcome = "rejected" if traj is None else "accepted"
             if traj is not None:
                 check_trajectory(traj)
         except asyncio.CancelledError:
@@ -224,6 +232,8 @@ class WorkflowExecutor(DataloaderFeed):
                 self._finish_group_locked(item.group)
                 self._cond.notify_all()
         finally:
+            if obs is not None:
+                obs.on_episode_end(seen, outcome, self.clock.value)
             self._lt.wake_here()
 
     def _end_locked(self, key: int) -> None:
@@ -248,6 +258,8 @@ class WorkflowExecutor(DataloaderFeed):
         if not isinstance(workflow, RolloutWorkflow):
             raise TypeError(f"workflow must be a RolloutWorkflow, got {type(workflow).__name__}")
         self._check_alive()
+        obs = self.observer  # the episode's wait in the queue starts now
+        observed = None if obs is None else obs.on_episode_submitted()
         deadline = time.monotonic() + (self.default_timeout if timeout is None else timeout)
         with self._cond:
             while len(self._input) >= self.queue_size:
@@ -258,7 +270,7 @@ class WorkflowExecutor(DataloaderFeed):
                         f"or raise queue_size. {self._describe()}"
                     )
                 self._cond.wait(min(left, 1.0))
-            self._input.append(_Pending(data, workflow, _group, _attempts))
+            self._input.append(_Pending(data, workflow, _group, _attempts, observed))
             self.gate.on_submit()
         self._lt.wake()
 

@@ -20,6 +20,8 @@ embedded ones) and the owner of the rollout executor.
   ``RolloutControl``'s, the base class, which owns the event-loop thread (lent to the executor,
   and running this client's requests, updates and probes) and the version clock (``self.clock``,
   shared with the staleness gate and other engines of the same trainer rank).
+- An observer (``set_observer``: the trace) is told of each request, each attempt of it on a
+  server and each weight push, and the executor of each episode; unobserved, nothing is called.
 - ``update_weights`` runs ``rollout.weight_sync`` (LoRA: ``lora_adapters``) on the engine's loop,
   returning a ``Future``; the version moves once every remaining server confirmed. A server that
   fails an update leaves the pool until its version is current (re-synced from disk if need be).
@@ -51,6 +53,7 @@ from arealite.api.io_struct import (
 )
 from arealite.backends.base import GenerateProtocol, ProtocolError
 from arealite.backends.sglang import SGLANG
+from arealite.observe.rollout_observer import RolloutObserver
 from arealite.rollout.group_generate import generate_group
 from arealite.rollout.health import ready_for_readmission, wait_healthy
 from arealite.rollout.rollout_control import RolloutControl
@@ -111,6 +114,7 @@ class RemoteSGLangEngine(RolloutControl):
         self._last_disk: WeightUpdateMeta | None = None
         self._health_task: Any = None
         self._segment_ids = itertools.count(1)  # next() is atomic: shared by threads
+        self.observer: RolloutObserver | None = None  # told of requests and pushes (set_observer)
         self.verifier = WeightVerifier(self.weight_sync, config.weight_update_timeout,
                                        self._admin_headers)
         self.adapters = AdapterVersions(config.max_head_offpolicyness)  # LoRA runs' adapters
@@ -157,15 +161,25 @@ class RemoteSGLangEngine(RolloutControl):
                 logger.warning("destroying the weight-update group: %s", describe_error(e))
         await self._sessions.close_current()
 
+    def set_observer(self, observer: RolloutObserver | None) -> None:
+        """Tell ``observer`` of this client's requests and weight pushes and of its executor's
+        episodes (one at a time; ``None`` detaches). Unobserved, no hook is called."""
+        self.observer = self.executor.observer = observer
+
     # ------------------------------------------------------------------ generation
 
-    async def agenerate(self, req: ModelRequest) -> ModelResponse:
+    async def agenerate(self, req: ModelRequest,
+                        _seen: tuple[RolloutObserver, Any] | None = None) -> ModelResponse:
         """One sample for ``req``: segments (a pause for a weight update aborts one; the next
         resumes with prompt + tokens so far) and, within each, attempts on healthy servers.
 
         One coroutine frame for all of it, segments and attempts as loops, not awaited helpers:
         every await level costs on each resume of this hot path (benchmarks/micro/client_overhead.py).
+        Observed, it runs inside ``_observed``, which hands in ``_seen`` (the observer and its
+        record of the request) for the attempts' hooks: unobserved, no hook and no await level.
         """
+        if _seen is None and self.observer is not None:
+            return await self._observed(self.observer, req)
         ids_json = req.validate()
         pool = self.pool
         if pool is None:
@@ -207,6 +221,8 @@ class RemoteSGLangEngine(RolloutControl):
                     await asyncio.sleep(self.config.health_check_interval)
                     continue
                 ok = fired = False
+                if _seen is not None:
+                    tried_at = time.perf_counter()
                 url = self._urls[addr]
                 try:
                     watch.add(task, time.monotonic() + self.config.request_timeout)
@@ -234,6 +250,8 @@ class RemoteSGLangEngine(RolloutControl):
                     reason = describe_error(e)
                 finally:
                     pool.release(addr, ok)
+                    if _seen is not None:
+                        _seen[0].on_request_attempt(_seen[1], addr, tried_at, ok)
                 pool.record_failure(addr, reason)
                 errors += ((addr, reason),)
                 tried |= {addr}
@@ -278,9 +296,23 @@ class RemoteSGLangEngine(RolloutControl):
             latency if ttft is None else ttft, addr, seg.scores,
         )
 
+    async def _observed(self, obs: RolloutObserver, req: ModelRequest) -> ModelResponse:
+        """``agenerate`` with ``obs`` told of the request's start, each attempt and its end."""
+        rec = obs.on_request_start(req.rid)
+        outcome = "error"
+        try:
+            resp = await self.agenerate(req, (obs, rec))
+            outcome = resp.stop_reason
+            return resp
+        finally:
+            obs.on_request_end(rec, outcome)
+
     async def agenerate_group(self, reqs: list[ModelRequest]) -> list[ModelResponse]:
         """A GRPO group's samples in one batched call where the protocol has one
-        (``rollout.group_generate``); each response as ``agenerate`` would give it."""
+        (``rollout.group_generate``); each response as ``agenerate`` would give it. Observed,
+        one by one, so that each request is seen with its own segments."""
+        if self.observer is not None:
+            return list(await asyncio.gather(*(self.agenerate(r) for r in reqs)))
         return await generate_group(self, reqs)
 
     def _segment_rid(self, rid: str) -> str:
@@ -337,7 +369,19 @@ class RemoteSGLangEngine(RolloutControl):
         """Start moving every healthy server to ``meta.version`` (see ``weight_sync``)."""
         if self.pool is None:
             raise RuntimeError("RemoteSGLangEngine.initialize() has not been called")
-        return self.loop.run(self._update_weights(meta))
+        t0 = time.perf_counter()
+        fut = self.loop.run(self._update_weights(meta))
+        if self.observer is not None:
+            self._observe_update(self.observer, meta, t0, fut)
+        return fut
+
+    def _observe_update(self, obs: RolloutObserver, meta: WeightUpdateMeta, t0: float,
+                        fut: Future) -> None:
+        def done(f: Future) -> None:
+            ok = not f.cancelled() and f.exception() is None
+            obs.on_weight_update(meta, t0, time.perf_counter(), ok, self.last_weight_update)
+
+        fut.add_done_callback(done)
 
     def _set_updating(self, on: bool) -> None:
         # While set, aborted requests wait before resubmitting and the probe re-admits nobody.
