@@ -1,5 +1,6 @@
 """``RemoteSGLangEngine``: the client of a pool of SGLang-protocol servers (real SGLang or our
-embedded ones) and the owner of the rollout executor.
+embedded ones): generation, routing, failover and health. Its base class, ``RolloutControl``,
+owns the rollout executor.
 
 - ``agenerate`` posts ``/generate`` with ``input_ids`` and ``return_logprob``; an aborted
   segment (a pause for a weight update) is resumed with prompt + tokens so far and the remaining
@@ -13,8 +14,8 @@ embedded ones) and the owner of the rollout executor.
 - Versions: per output token, from the server's ``weight_versions`` spans (else its
   ``weight_version``; a non-integer one, SGLang's launch default ``"default"``, reads as the
   engine's version when the request started). LoRA runs: the version of the adapter the segment
-  was sent with (``rollout.lora_adapters``).
-- Bodies and answers belong to the backend's ``GenerateProtocol`` (``rollout.backend``; with
+  was sent with (``weights.lora_adapters``).
+- Bodies and answers belong to the backend's ``GenerateProtocol`` (``arealite.backends``; with
   ``image_data`` for a request's images): another backend is another protocol, not another client.
 - The trainer's half (submit, wait, batches, pause, versions, recovery state) is
   ``RolloutControl``'s, the base class, which owns the event-loop thread (lent to the executor,
