@@ -11,6 +11,9 @@ business; what it cannot know is kept here and saved by the trainer:
 Rows whose episode failed come back through ``redraw`` and are handed out again before any new
 row, with the number of attempts made so far, so a prompt is either trained on, drawn again or
 (after its last attempt) dropped and counted: never silently lost.
+
+``DataloaderFeed`` is the executor's side of it: what ``prepare_batch`` pulls, and which rows
+are in flight when a checkpoint is taken.
 """
 
 from __future__ import annotations
@@ -118,10 +121,23 @@ class DataCycle:
         self._loader = self._it = None
 
 
-class ExecutorDataState:
-    """``WorkflowExecutor``'s side of recovery: which dataloader rows are in flight, and the
-    data state a checkpoint saves (mixed into the executor, whose queues it reads under its
-    condition lock)."""
+class DataloaderFeed:
+    """``WorkflowExecutor``'s dataloader side (``prepare_batch``): topping up its input queue
+    from the dataloader, which rows are in flight, and the data state a recovery checkpoint
+    saves (mixed into the executor, whose queues it reads under its condition lock)."""
+
+    def _top_up(self, dataloader: Any, workflow: Any) -> None:
+        """Queue rows until the input queue holds what the gate would start now plus one batch
+        waiting behind it (so episodes start the moment the version moves), within its bound."""
+        loader_bs = getattr(dataloader, "batch_size", None) or self.gate.batch_size
+        while True:
+            with self._cond:
+                pending = len(self._input)
+            target = max(self.gate.capacity(), 0) + self.gate.batch_size
+            if pending >= target or pending + loader_bs > self.queue_size:
+                return
+            for row, attempts in self._data.next_rows_with_attempts(dataloader):
+                self.submit(row, workflow, _attempts=attempts)
 
     def _taken_rows(self) -> list[Any]:
         with self._cond:  # one snapshot: an item moves between these under this lock

@@ -26,6 +26,7 @@ counters in its message; trajectories collected by a call that times out go back
 A wait also gives up early (``RolloutFailing``, with the last error) once max(16, 4·B) episodes
 in a row have failed, e.g. when no server answers. A workflow's exception is counted as
 ``failed`` and logged; a row ``prepare_batch`` drew is drawn again (``config.episode_retries``).
+An attached ``observer`` (the trace) is told of each episode queued, started and ended.
 """
 
 from __future__ import annotations
@@ -46,13 +47,26 @@ from arealite.api.io_struct import RolloutStat, VersionClock
 from arealite.api.trajectory import TensorDict, check_trajectory, concat_padded_tensors
 from arealite.api.workflow_api import RolloutWorkflow
 from arealite.observe.idle_time import IdleMeter
+from arealite.observe.rollout_observer import RolloutObserver
 from arealite.rollout import staleness
-from arealite.rollout.data_cycle import DataCycle, ExecutorDataState
-from arealite.rollout.errors import RolloutFailing, RolloutQueueFull, RolloutTimeout
+from arealite.rollout.data_cycle import DataCycle, DataloaderFeed
 from arealite.rollout.loop_thread import LoopThread
 from arealite.rollout.staleness import StalenessManager, generated_tokens, take_oldest
 
 logger = logging.getLogger("arealite.rollout.executor")
+
+
+class RolloutQueueFull(RuntimeError):
+    """``submit`` waited out its timeout on a full input queue."""
+
+
+class RolloutTimeout(TimeoutError):
+    """A wait got fewer trajectories than asked for within its timeout."""
+
+
+class RolloutFailing(RuntimeError):
+    """Every recent episode failed (e.g. no server answers): raised by waits instead of
+    waiting out their whole timeout."""
 
 
 @dataclass
@@ -61,6 +75,7 @@ class _Pending:
     workflow: RolloutWorkflow
     group: int | None  # rollout_batch's own episodes; None for the shared queue
     attempts: int = 0  # earlier failed episodes of this row (prepare_batch draws it again)
+    observed: Any = None  # the observer's record of its submission
 
 
 @dataclass
@@ -72,7 +87,7 @@ class _Result:
     attempts: int = 0
 
 
-class WorkflowExecutor(ExecutorDataState):
+class WorkflowExecutor(DataloaderFeed):
     def __init__(
         self, config: InferenceEngineConfig, engine: Any, loop: LoopThread | None = None,
         clock: VersionClock | None = None,
@@ -99,7 +114,7 @@ class WorkflowExecutor(ExecutorDataState):
         self._owns_loop = loop is None  # a lent loop is started and stopped by its owner
         self._lt = loop or LoopThread("rollout-executor")
         self._lt.on_exit = self._notify_all
-        self._tasks: set[asyncio.Task] = set()
+        self.observer: RolloutObserver | None = None  # told of each episode (set_observer)
         self._running: dict[int, _Pending] = {}  # started episodes, by launch number
         self._starts: dict[int, tuple[int | None, int]] = {}  # their (group, start version)
         self._launches = itertools.count()
@@ -133,10 +148,7 @@ class WorkflowExecutor(ExecutorDataState):
     async def shutdown(self, cleanup: Callable[[], Coroutine] | None = None) -> None:
         """On the loop: launch nothing more, cancel running episodes, then ``cleanup``."""
         self._paused = True  # launch nothing more
-        for t in list(self._tasks):
-            t.cancel()
-        if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=5)
+        await self._lt.cancel_spawned(5)
         if cleanup is not None:
             await cleanup()
 
@@ -156,14 +168,8 @@ class WorkflowExecutor(ExecutorDataState):
         """Run ``coro`` on the executor's loop; returns a thread-safe future."""
         return self._lt.run(coro)
 
-    def _wake_loop(self) -> None:
-        self._lt.wake()
-
     def _check_alive(self) -> None:
-        if self._lt.crash is not None:
-            raise RuntimeError(f"the rollout executor loop crashed: {self._lt.crash!r}")
-        if not self._lt.alive:
-            raise RuntimeError("the rollout executor is not running (initialize() it first)")
+        self._lt.check_alive("rollout executor")
 
     # ------------------------------------------------------------------ the loop side
 
@@ -186,14 +192,16 @@ class WorkflowExecutor(ExecutorDataState):
                 start_version = g.version
                 self._starts[key] = (item.group, start_version)
                 self._cond.notify_all()  # room in the input queue
-            task = self.loop.create_task(self._run_episode(key, item, start_version))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._lt.spawn(self._run_episode(key, item, start_version))
 
     async def _run_episode(self, key: int, item: _Pending, start_version: int) -> None:
         g = self.gate
+        obs = self.observer
+        seen = None if obs is None else obs.on_episode_start(item.observed)  # in this task
+        outcome = "failed"
         try:
             traj = await item.workflow.arun_episode(self.engine, item.data)
+            outcome = "rejected" if traj is None else "accepted"
             if traj is not None:
                 check_trajectory(traj)
         except asyncio.CancelledError:
@@ -207,10 +215,10 @@ class WorkflowExecutor(ExecutorDataState):
             self._last_failure = f"{type(e).__name__}: {e}"
             logger.exception("workflow %s failed on one episode", type(item.workflow).__name__)
             with self._cond:
-                self._end_locked(key)
+                self._end_locked(key)  # notifies the waiters
                 if item.group is None:  # a dataloader row: drawn again, or dropped and counted
                     self._data.redraw(item.data, item.attempts, self.episode_retries)
-            self._finish_group(item.group)
+                self._finish_group_locked(item.group)
         else:
             self._fail_streak = 0
             with self._cond:
@@ -224,6 +232,8 @@ class WorkflowExecutor(ExecutorDataState):
                 self._finish_group_locked(item.group)
                 self._cond.notify_all()
         finally:
+            if obs is not None:
+                obs.on_episode_end(seen, outcome, self.clock.value)
             self._lt.wake_here()
 
     def _end_locked(self, key: int) -> None:
@@ -233,11 +243,6 @@ class WorkflowExecutor(ExecutorDataState):
         if not self._running:
             self._idle.idle()
         self._cond.notify_all()  # drain() waits for the last; a batch for a last-chance one
-
-    def _finish_group(self, group: int | None) -> None:
-        with self._cond:
-            self._finish_group_locked(group)
-            self._cond.notify_all()
 
     def _finish_group_locked(self, group: int | None) -> None:
         if group is not None and group in self._group_done:
@@ -253,6 +258,8 @@ class WorkflowExecutor(ExecutorDataState):
         if not isinstance(workflow, RolloutWorkflow):
             raise TypeError(f"workflow must be a RolloutWorkflow, got {type(workflow).__name__}")
         self._check_alive()
+        obs = self.observer  # the episode's wait in the queue starts now
+        observed = None if obs is None else obs.on_episode_submitted()
         deadline = time.monotonic() + (self.default_timeout if timeout is None else timeout)
         with self._cond:
             while len(self._input) >= self.queue_size:
@@ -263,9 +270,9 @@ class WorkflowExecutor(ExecutorDataState):
                         f"or raise queue_size. {self._describe()}"
                     )
                 self._cond.wait(min(left, 1.0))
-            self._input.append(_Pending(data, workflow, _group, _attempts))
+            self._input.append(_Pending(data, workflow, _group, _attempts, observed))
             self.gate.on_submit()
-        self._wake_loop()
+        self._lt.wake()
 
     def wait(
         self,
@@ -337,18 +344,6 @@ class WorkflowExecutor(ExecutorDataState):
             if time.monotonic() >= deadline:
                 raise RolloutTimeout(f"prepare_batch: no batch of {b} within the timeout. {self._describe()}")
 
-    def _top_up(self, dataloader: Any, workflow: RolloutWorkflow) -> None:
-        loader_bs = getattr(dataloader, "batch_size", None) or self.gate.batch_size
-        while True:
-            with self._cond:
-                pending = len(self._input)
-            # what the gate would start now, plus one batch waiting behind it
-            target = max(self.gate.capacity(), 0) + self.gate.batch_size
-            if pending >= target or pending + loader_bs > self.queue_size:
-                return
-            for row, attempts in self._data.next_rows_with_attempts(dataloader):
-                self.submit(row, workflow, _attempts=attempts)
-
     def _collect(
         self,
         count: int | None,
@@ -369,7 +364,9 @@ class WorkflowExecutor(ExecutorDataState):
                     # episodes this batch is the last chance for (staleness.LAST_CHANCE_WAIT)
                     n -= min(n, self.gate.last_chance([v for grp, v in self._starts.values()
                                                        if grp == group]))
-                taken = self._take_locked(group, n) if n != 0 else []
+                taken: list[_Result] = []
+                if n != 0:
+                    taken, self._results = take_oldest(self._results, group, n)
                 if not taken:
                     left = deadline - time.monotonic()
                     if count is None or left <= 0:
@@ -404,7 +401,7 @@ class WorkflowExecutor(ExecutorDataState):
                     self._tokens["trained_tokens"] += generated_tokens(r.traj)
             for _ in range(dropped):
                 self.gate.on_drop_accepted()
-            self._wake_loop()  # room in the output bound (and in the budget, if dropped)
+            self._lt.wake()  # room in the output bound (and in the budget, if dropped)
         return kept
 
     def _check_failing(self, kept: list[_Result]) -> None:
@@ -418,10 +415,6 @@ class WorkflowExecutor(ExecutorDataState):
                 f"{self._describe()}"
             )
 
-    def _take_locked(self, group: int | None, n: int | None) -> list[_Result]:
-        taken, self._results = take_oldest(self._results, group, n)
-        return taken
-
     # ------------------------------------------------------------------ control and counters
 
     def pause(self) -> None:
@@ -430,7 +423,7 @@ class WorkflowExecutor(ExecutorDataState):
 
     def resume(self) -> None:
         self._paused = False
-        self._wake_loop()
+        self._lt.wake()
 
     def drain(self, timeout: float | None = None) -> None:
         """Start no new episode and wait until none runs: unlike ``pause``, running episodes keep
@@ -447,7 +440,7 @@ class WorkflowExecutor(ExecutorDataState):
 
     def undrain(self) -> None:
         self._held = False
-        self._wake_loop()
+        self._lt.wake()
 
     @property
     def paused(self) -> bool:
@@ -458,7 +451,7 @@ class WorkflowExecutor(ExecutorDataState):
             self.gate.set_version(version)  # under the gate's lock, with its counters
         else:
             self.clock.value = int(version)
-        self._wake_loop()
+        self._lt.wake()
 
     def get_version(self) -> int:
         return self.clock.value
@@ -471,7 +464,7 @@ class WorkflowExecutor(ExecutorDataState):
         else:
             self.clock.value = int(version)
             self._restored = True
-        self._wake_loop()
+        self._lt.wake()
 
     def stat(self) -> RolloutStat:
         return self.gate.stat()

@@ -1,16 +1,28 @@
-"""Is a server that left the pool fit to come back? (The engine's background probe.)"""
+"""The health of the client's servers: at start-up, every server answering ``/health`` and
+speaking what the client needs (``wait_healthy``); later, whether a server that left the pool
+is fit to come back (``ready_for_readmission``, the engine's background probe)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+import time
 
 import aiohttp
 
 from arealite.api.io_struct import WeightUpdateMeta
 from arealite.backends.base import GenerateProtocol
 from arealite.backends.sglang import SGLANG, parse_version
-from arealite.utils.http import call_json, describe_error, request_json
+from arealite.utils.http import (
+    TRANSPORT_ERRORS,
+    SessionCache,
+    call_json,
+    describe_error,
+    error_message,
+    request_json,
+)
+from arealite.utils.keys import ClientKeys, check_api_key
 from arealite.weights.fanout import get_info
 
 logger = logging.getLogger("arealite.rollout.health")
@@ -93,3 +105,36 @@ async def check_endpoints(
             + "; ".join(bad) + (". vLLM: use vllm 0.32 (make setup-vllm), started with "
                                 "VLLM_SERVER_DEV_MODE=1 and --enable-scale-out (the launcher "
                                 "does both)" if protocol.name == "vllm" else ""))
+
+
+async def wait_healthy(
+    sessions: SessionCache, addrs: list[str], timeout: float, keys: ClientKeys,
+    protocol: GenerateProtocol,
+) -> None:
+    """At start-up: wait until every server answers ``/health`` (``TimeoutError`` naming each
+    one that did not, and why), then check the api key and the backend's endpoints on all."""
+    session = sessions.get()  # the client's session on this loop
+    deadline = time.monotonic() + timeout
+    reasons = {a: "not tried" for a in addrs}
+
+    async def probe(a: str) -> None:
+        while True:
+            try:
+                left = max(0.1, min(5.0, deadline - time.monotonic()))
+                res = await request_json(session, "GET", f"http://{a}/health", timeout=left)
+                if res.status == 200:
+                    reasons.pop(a, None)
+                    return
+                reasons[a] = f"HTTP {res.status}: {error_message(res.body)}"
+            except TRANSPORT_ERRORS as e:
+                reasons[a] = describe_error(e)
+            if time.monotonic() + 0.2 >= deadline:
+                return
+            await asyncio.sleep(0.2)
+
+    await asyncio.gather(*(probe(a) for a in addrs))
+    if reasons:
+        raise TimeoutError(f"servers not healthy after {timeout:.0f} s: "
+                           + "; ".join(f"{a} ({r})" for a, r in reasons.items()))
+    await check_api_key(session, addrs, timeout, keys)
+    await check_endpoints(session, addrs, protocol, timeout, keys.admin_headers)

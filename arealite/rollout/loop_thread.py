@@ -1,5 +1,6 @@
 """A daemon thread running one asyncio event loop (uvloop when installed), with a wake-up
-event for its main coroutine and thread-safe submission of other coroutines."""
+event for its main coroutine, thread-safe submission of other coroutines, and the tasks spawned
+on it (cancelled together at shutdown)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 
 class LoopThread:
     """``start(step)`` runs ``step()`` on the loop every time ``wake()`` is called, until
-    ``stop()``. ``run(coro)`` schedules any coroutine on the loop from any thread."""
+    ``stop()``. ``run(coro)`` schedules any coroutine on the loop from any thread; ``spawn``
+    starts a task from the loop itself and keeps it until it ends or ``cancel_spawned``."""
 
     def __init__(self, name: str, on_exit: Callable[[], None] | None = None):
         self.name = name
@@ -33,6 +35,7 @@ class LoopThread:
         self._thread: threading.Thread | None = None
         self._wake: asyncio.Event | None = None
         self._stopping = False
+        self._spawned: set[asyncio.Task] = set()
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -79,6 +82,28 @@ class LoopThread:
             if self.on_exit is not None:
                 self.on_exit()
             loop.close()
+
+    def check_alive(self, what: str) -> None:
+        """Raise ``RuntimeError`` (naming ``what``) if the loop crashed or is not running."""
+        if self.crash is not None:
+            raise RuntimeError(f"the {what} loop crashed: {self.crash!r}")
+        if not self.alive:
+            raise RuntimeError(f"the {what} is not running (initialize() it first)")
+
+    def spawn(self, coro: Coroutine) -> asyncio.Task:
+        """Start ``coro`` as a task (from the loop's own thread), kept until it ends."""
+        task = self.loop.create_task(coro)
+        self._spawned.add(task)
+        task.add_done_callback(self._spawned.discard)
+        return task
+
+    async def cancel_spawned(self, timeout: float) -> None:
+        """On the loop: cancel every spawned task still running, waiting up to ``timeout``."""
+        tasks = list(self._spawned)
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout)
 
     def run(self, coro: Coroutine) -> concurrent.futures.Future:
         """Run ``coro`` on the loop; returns a thread-safe future."""

@@ -1,5 +1,6 @@
 """``RemoteSGLangEngine``: the client of a pool of SGLang-protocol servers (real SGLang or our
-embedded ones) and the owner of the rollout executor.
+embedded ones): generation, routing, failover and health. Its base class, ``RolloutControl``,
+owns the rollout executor.
 
 - ``agenerate`` posts ``/generate`` with ``input_ids`` and ``return_logprob``; an aborted
   segment (a pause for a weight update) is resumed with prompt + tokens so far and the remaining
@@ -13,11 +14,15 @@ embedded ones) and the owner of the rollout executor.
 - Versions: per output token, from the server's ``weight_versions`` spans (else its
   ``weight_version``; a non-integer one, SGLang's launch default ``"default"``, reads as the
   engine's version when the request started). LoRA runs: the version of the adapter the segment
-  was sent with (``rollout.lora_adapters``).
-- Bodies and answers belong to the backend's ``GenerateProtocol`` (``rollout.backend``; with
+  was sent with (``weights.lora_adapters``).
+- Bodies and answers belong to the backend's ``GenerateProtocol`` (``arealite.backends``; with
   ``image_data`` for a request's images): another backend is another protocol, not another client.
-- The engine owns the event-loop thread (lent to the executor) and the version clock
-  (``self.clock``, shared with the staleness gate and other engines of the same trainer rank).
+- The trainer's half (submit, wait, batches, pause, versions, recovery state) is
+  ``RolloutControl``'s, the base class, which owns the event-loop thread (lent to the executor,
+  and running this client's requests, updates and probes) and the version clock (``self.clock``,
+  shared with the staleness gate and other engines of the same trainer rank).
+- An observer (``set_observer``: the trace) is told of each request, each attempt of it on a
+  server and each weight push, and the executor of each episode; unobserved, nothing is called.
 - ``update_weights`` runs ``rollout.weight_sync`` (LoRA: ``lora_adapters``) on the engine's loop,
   returning a ``Future``; the version moves once every remaining server confirmed. A server that
   fails an update leaves the pool until its version is current (re-synced from disk if need be).
@@ -32,7 +37,6 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -40,7 +44,6 @@ import aiohttp
 import torch
 
 from arealite.api.config.rollout import InferenceEngineConfig
-from arealite.api.engine_api import InferenceEngine
 from arealite.api.io_struct import (
     ModelRequest,
     ModelResponse,
@@ -49,14 +52,12 @@ from arealite.api.io_struct import (
     WeightUpdateMeta,
     WeightUpdateType,
 )
-from arealite.api.trajectory import TensorDict
-from arealite.api.workflow_api import RolloutWorkflow
 from arealite.backends.base import GenerateProtocol, ProtocolError
 from arealite.backends.sglang import SGLANG
-from arealite.rollout.executor import WorkflowExecutor
+from arealite.observe.rollout_observer import RolloutObserver
 from arealite.rollout.group_generate import generate_group
-from arealite.rollout.health import check_endpoints, ready_for_readmission
-from arealite.rollout.loop_thread import LoopThread
+from arealite.rollout.health import ready_for_readmission, wait_healthy
+from arealite.rollout.rollout_control import RolloutControl
 from arealite.rollout.router import NoHealthyServer, ServerRouter
 from arealite.utils.http import (
     RETRYABLE_STATUS,
@@ -65,10 +66,9 @@ from arealite.utils.http import (
     decode_body,
     describe_error,
     error_message,
-    request_json,
     uncancel,
 )
-from arealite.utils.keys import HINT, ClientKeys, check_api_key
+from arealite.utils.keys import HINT, ClientKeys
 from arealite.utils.network import parse_addrs
 from arealite.weights.fanout import GroupLayout, WeightSync, group_layout
 from arealite.weights.lora_adapters import AdapterVersions
@@ -94,18 +94,15 @@ class GenerationError(RuntimeError):
         self.errors = errors or []
 
 
-class RemoteSGLangEngine(InferenceEngine):
+class RemoteSGLangEngine(RolloutControl):
     def __init__(
         self, config: InferenceEngineConfig, clock: VersionClock | None = None,
         protocol: GenerateProtocol = SGLANG,
     ):
-        self.config = config
+        super().__init__(config, clock)  # the clock, the loop thread and the executor
         self.protocol = protocol
         self.addresses: list[str] = []
         self.pool: ServerRouter | None = None
-        self.clock = clock or VersionClock()  # the one weight version of this trainer rank
-        self.loop = LoopThread("rollout-executor")
-        self.executor = WorkflowExecutor(config, self, self.loop, self.clock)
         # Keys from the config or AREALITE_API_KEY / AREALITE_ADMIN_API_KEY; the api key's
         # header is a default of every session (built once), the admin key's goes on admin calls.
         self.keys = ClientKeys.from_config(config.api_key, config.admin_api_key)
@@ -118,6 +115,7 @@ class RemoteSGLangEngine(InferenceEngine):
         self._last_disk: WeightUpdateMeta | None = None
         self._health_task: Any = None
         self._segment_ids = itertools.count(1)  # next() is atomic: shared by threads
+        self.observer: RolloutObserver | None = None  # told of requests and pushes (set_observer)
         self.verifier = WeightVerifier(self.weight_sync, config.weight_update_timeout,
                                        self._admin_headers)
         self.adapters = AdapterVersions(config.max_head_offpolicyness)  # LoRA runs' adapters
@@ -140,7 +138,8 @@ class RemoteSGLangEngine(InferenceEngine):
         self._urls = {a: f"http://{a}{self.protocol.generate_path}" for a in addrs}
         self.executor.initialize(train_data_parallel_size or 1)
         self.loop.start(self.executor.launch_ready)  # ours, lent to the executor's episodes
-        fut = self.loop.run(self._wait_healthy(addrs, c.setup_timeout))
+        fut = self.loop.run(wait_healthy(self._sessions, addrs, c.setup_timeout, self.keys,
+                                         self.protocol))
         try:
             fut.result(c.setup_timeout + 10)
         except BaseException:
@@ -163,42 +162,25 @@ class RemoteSGLangEngine(InferenceEngine):
                 logger.warning("destroying the weight-update group: %s", describe_error(e))
         await self._sessions.close_current()
 
-    async def _wait_healthy(self, addrs: list[str], timeout: float) -> None:
-        session = self._sessions.get()
-        deadline = time.monotonic() + timeout
-        reasons = {a: "not tried" for a in addrs}
-
-        async def probe(a: str) -> None:
-            while True:
-                try:
-                    left = max(0.1, min(5.0, deadline - time.monotonic()))
-                    res = await request_json(session, "GET", f"http://{a}/health", timeout=left)
-                    if res.status == 200:
-                        reasons.pop(a, None)
-                        return
-                    reasons[a] = f"HTTP {res.status}: {error_message(res.body)}"
-                except TRANSPORT_ERRORS as e:
-                    reasons[a] = describe_error(e)
-                if time.monotonic() + 0.2 >= deadline:
-                    return
-                await asyncio.sleep(0.2)
-
-        await asyncio.gather(*(probe(a) for a in addrs))
-        if reasons:
-            raise TimeoutError(f"servers not healthy after {timeout:.0f} s: "
-                               + "; ".join(f"{a} ({r})" for a, r in reasons.items()))
-        await check_api_key(session, addrs, timeout, self.keys)
-        await check_endpoints(session, addrs, self.protocol, timeout, self._admin_headers)
+    def set_observer(self, observer: RolloutObserver | None) -> None:
+        """Tell ``observer`` of this client's requests and weight pushes and of its executor's
+        episodes (one at a time; ``None`` detaches). Unobserved, no hook is called."""
+        self.observer = self.executor.observer = observer
 
     # ------------------------------------------------------------------ generation
 
-    async def agenerate(self, req: ModelRequest) -> ModelResponse:
+    async def agenerate(self, req: ModelRequest,
+                        _seen: tuple[RolloutObserver, Any] | None = None) -> ModelResponse:
         """One sample for ``req``: segments (a pause for a weight update aborts one; the next
         resumes with prompt + tokens so far) and, within each, attempts on healthy servers.
 
         One coroutine frame for all of it, segments and attempts as loops, not awaited helpers:
         every await level costs on each resume of this hot path (benchmarks/micro/client_overhead.py).
+        Observed, it runs inside ``_observed``, which hands in ``_seen`` (the observer and its
+        record of the request) for the attempts' hooks: unobserved, no hook and no await level.
         """
+        if _seen is None and self.observer is not None:
+            return await self._observed(self.observer, req)
         ids_json = req.validate()
         pool = self.pool
         if pool is None:
@@ -240,6 +222,8 @@ class RemoteSGLangEngine(InferenceEngine):
                     await asyncio.sleep(self.config.health_check_interval)
                     continue
                 ok = fired = False
+                if _seen is not None:
+                    tried_at = time.perf_counter()
                 url = self._urls[addr]
                 try:
                     watch.add(task, time.monotonic() + self.config.request_timeout)
@@ -267,6 +251,8 @@ class RemoteSGLangEngine(InferenceEngine):
                     reason = describe_error(e)
                 finally:
                     pool.release(addr, ok)
+                    if _seen is not None:
+                        _seen[0].on_request_attempt(_seen[1], addr, tried_at, ok)
                 pool.record_failure(addr, reason)
                 errors += ((addr, reason),)
                 tried |= {addr}
@@ -311,9 +297,23 @@ class RemoteSGLangEngine(InferenceEngine):
             latency if ttft is None else ttft, addr, seg.scores,
         )
 
+    async def _observed(self, obs: RolloutObserver, req: ModelRequest) -> ModelResponse:
+        """``agenerate`` with ``obs`` told of the request's start, each attempt and its end."""
+        rec = obs.on_request_start(req.rid)
+        outcome = "error"
+        try:
+            resp = await self.agenerate(req, (obs, rec))
+            outcome = resp.stop_reason
+            return resp
+        finally:
+            obs.on_request_end(rec, outcome)
+
     async def agenerate_group(self, reqs: list[ModelRequest]) -> list[ModelResponse]:
         """A GRPO group's samples in one batched call where the protocol has one
-        (``rollout.group_generate``); each response as ``agenerate`` would give it."""
+        (``rollout.group_generate``); each response as ``agenerate`` would give it. Observed,
+        one by one, so that each request is seen with its own segments."""
+        if self.observer is not None:
+            return list(await asyncio.gather(*(self.agenerate(r) for r in reqs)))
         return await generate_group(self, reqs)
 
     def _segment_rid(self, rid: str) -> str:
@@ -370,7 +370,19 @@ class RemoteSGLangEngine(InferenceEngine):
         """Start moving every healthy server to ``meta.version`` (see ``weight_sync``)."""
         if self.pool is None:
             raise RuntimeError("RemoteSGLangEngine.initialize() has not been called")
-        return self.loop.run(self._update_weights(meta))
+        t0 = time.perf_counter()
+        fut = self.loop.run(self._update_weights(meta))
+        if self.observer is not None:
+            self._observe_update(self.observer, meta, t0, fut)
+        return fut
+
+    def _observe_update(self, obs: RolloutObserver, meta: WeightUpdateMeta, t0: float,
+                        fut: Future) -> None:
+        def done(f: Future) -> None:
+            ok = not f.cancelled() and f.exception() is None
+            obs.on_weight_update(meta, t0, time.perf_counter(), ok, self.last_weight_update)
+
+        fut.add_done_callback(done)
 
     def _set_updating(self, on: bool) -> None:
         # While set, aborted requests wait before resubmitting and the probe re-admits nobody.
@@ -447,50 +459,3 @@ class RemoteSGLangEngine(InferenceEngine):
             bad += weight_mismatches(name, t, fetched, truncate_size, atol)
         if bad:
             raise WeightUpdateError("servers' weights differ from the trainer's: " + "; ".join(bad))
-
-    # ------------------------------------------------------------------ executor
-
-    def submit(self, data: dict[str, Any], workflow: RolloutWorkflow) -> None:
-        self.executor.submit(data, workflow)
-
-    def wait(self, count: int, timeout: float | None = None,
-             should_accept: Callable[[TensorDict], bool] | None = None) -> TensorDict:
-        return self.executor.wait(count, timeout, should_accept)
-
-    def rollout_batch(self, data: list[dict[str, Any]], workflow: RolloutWorkflow,
-                      should_accept: Callable[[TensorDict], bool] | None = None) -> TensorDict:
-        return self.executor.rollout_batch(data, workflow, should_accept)
-
-    def prepare_batch(self, dataloader: Any, workflow: RolloutWorkflow,
-                      should_accept: Callable[[TensorDict], bool] | None = None) -> TensorDict:
-        return self.executor.prepare_batch(dataloader, workflow, should_accept)
-
-    def data_state(self) -> dict[str, Any]:
-        """``prepare_batch``'s epoch and in-flight rows, for a recovery checkpoint."""
-        return self.executor.data_state()
-
-    def load_data_state(self, state: dict[str, Any]) -> None:
-        self.executor.load_data_state(state)
-
-    def idle_stats(self) -> dict[str, float]:
-        """The executor's idle time and ratio since the previous call (see ``WorkflowExecutor``)."""
-        return self.executor.idle_stats()
-
-    def pause(self) -> None:
-        self.executor.pause()
-
-    def resume(self) -> None:
-        self.executor.resume()
-
-    def set_version(self, version: int) -> None:
-        self.executor.set_version(version)  # moves self.clock (the executor's is the same)
-
-    def get_version(self) -> int:
-        return self.clock.value
-
-    def restore(self, version: int, data_state: dict[str, Any] | None = None) -> None:
-        """Resume a run at ``version`` in one call, before or after ``initialize``: the version,
-        the staleness counters it implies, and (async mode) ``prepare_batch``'s data state."""
-        self.executor.restore(version)
-        if data_state is not None:
-            self.executor.load_data_state(data_state)

@@ -16,7 +16,7 @@ kind does; the ratio is the cost of using the engine instead of hand-written pos
 
 ``--metrics`` serves the trainer's Prometheus /metrics (live client numbers included) and
 scrapes it every 0.2 s while the rounds run; ``--trace`` turns the timeline trace on, every
-request going through its hooks (docs/observability.md).
+request seen by its observer's hooks (docs/observability.md).
 
 Prints both rates and the ratio raw/engine (target <= 1.15), plus the client process's CPU
 time per request for each (less sensitive to other load on a shared machine).
@@ -123,13 +123,12 @@ def observed(engine, metrics: bool, trace_on: bool):
         t.start()
         stops += [done.set, m.server.shutdown]
     if trace_on:
-        from arealite.observe import rollout_trace as trace_hooks
         from arealite.observe import trace
+        from arealite.observe.rollout_trace import RolloutTrace
 
         trace.start(tempfile.mkdtemp(prefix="client-overhead-") + "/trace.json")
-        trace_hooks.install(engine)
-        client = trace_hooks.TracedEngine(engine)
-        stops.append(trace.stop)
+        engine.set_observer(RolloutTrace())
+        stops += [lambda: engine.set_observer(None), trace.stop]
     return client, lambda: [f() for f in stops]
 
 

@@ -14,8 +14,12 @@ from arealite.api.config.dataset import DatasetConfig
 from arealite.api.config.rollout import InferenceEngineConfig
 from arealite.api.workflow_api import RolloutWorkflow
 from arealite.dataset.loader import create_dataloader
-from arealite.rollout.errors import RolloutFailing, RolloutQueueFull, RolloutTimeout
-from arealite.rollout.executor import WorkflowExecutor
+from arealite.rollout.executor import (
+    RolloutFailing,
+    RolloutQueueFull,
+    RolloutTimeout,
+    WorkflowExecutor,
+)
 
 
 class EchoWorkflow(RolloutWorkflow):
