@@ -201,6 +201,9 @@ class WeightUpdateMeta:
     # LoRA: pause the servers around the load (pause -> load -> continue), as a full-weight
     # update does, instead of loading beside the running versions.
     lora_pause: bool = False
+    # The weight transport moving it (a name of ``arealite.weights.table``), chosen once from
+    # the config and the backend; None (an update built by hand): the one ``type`` implies.
+    transport: str | None = None
 
     def __post_init__(self) -> None:
         self.type = WeightUpdateType(self.type)

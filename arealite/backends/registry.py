@@ -1,11 +1,11 @@
-"""The client protocol of each ``launcher.server_backend``, and what that backend implies for
-weight updates (the one place that maps a backend name to behaviour)."""
+"""The client protocol of each ``launcher.server_backend`` (the one place that maps a backend
+name to behaviour; what it implies for weight updates is the protocol's to say and
+``arealite.weights.table``'s to choose)."""
 
 from __future__ import annotations
 
 import logging
 
-from arealite.api.config import WeightUpdateConfig
 from arealite.backends.base import GenerateProtocol
 from arealite.backends.sglang import SGLANG
 from arealite.backends.vllm.protocol import VLLM
@@ -21,27 +21,3 @@ def protocol_for(server_backend: str) -> GenerateProtocol:
     except KeyError:
         raise ValueError(f"unknown server backend {server_backend!r}: one of "
                          f"{sorted(PROTOCOLS)}") from None
-
-
-def weight_update_for(wu: WeightUpdateConfig, protocol: GenerateProtocol,
-                      servers_on_gpu: bool = False) -> WeightUpdateConfig:
-    """``wu``, with broadcast replaced by disk updates where the backend cannot receive one
-    (vLLM's native weight transfer runs over NCCL: on CPU servers it cannot), and verification
-    off where the servers' checksums cannot be compared; each logged, since the config asked
-    otherwise."""
-    if wu.type == "distributed" and not protocol.supports_broadcast and not (
-            servers_on_gpu and protocol.native_transfer is not None):
-        logger.warning("weight_update.type=distributed: %s servers on CPU cannot receive a "
-                       "broadcast (vLLM's native weight transfer needs GPUs); updating from "
-                       "disk instead", protocol.name)
-        wu = wu.model_copy(update={"type": "disk"})
-    elif wu.type == "tensor" and not protocol.supports_broadcast:
-        logger.warning("weight_update.type=tensor: %s servers do not speak SGLang's weight-update "
-                       "protocol; updating from disk instead", protocol.name)
-        wu = wu.model_copy(update={"type": "disk"})
-    if wu.verify and not protocol.weight_checksums:
-        logger.warning("weight_update.verify: %s servers hash weights their own way (not "
-                       "comparable with the trainer's checksums); updates are not verified",
-                       protocol.name)
-        wu = wu.model_copy(update={"verify": False})
-    return wu

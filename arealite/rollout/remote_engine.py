@@ -18,8 +18,8 @@ embedded ones) and the owner of the rollout executor.
   ``image_data`` for a request's images): another backend is another protocol, not another client.
 - The engine owns the event-loop thread (lent to the executor) and the version clock
   (``self.clock``, shared with the staleness gate and other engines of the same trainer rank).
-- ``update_weights`` runs ``rollout.weight_sync`` (LoRA: ``lora_adapters``) on the engine's loop,
-  returning a ``Future``; the version moves once every remaining server confirmed. A server that
+- ``update_weights`` runs the client half of the update's transport (``arealite.weights.table``)
+  over the pool on the engine's loop, returning a ``Future``; the version moves once every remaining server confirmed. A server that
   fails an update leaves the pool until its version is current (re-synced from disk if need be).
 - ``ModelResponse.ttft``: time until the first segment with tokens returned (an upper bound).
 """
@@ -47,7 +47,6 @@ from arealite.api.io_struct import (
     VersionClock,
     WeightUpdateError,
     WeightUpdateMeta,
-    WeightUpdateType,
 )
 from arealite.api.trajectory import TensorDict
 from arealite.api.workflow_api import RolloutWorkflow
@@ -72,6 +71,8 @@ from arealite.utils.keys import HINT, ClientKeys, check_api_key
 from arealite.utils.network import parse_addrs
 from arealite.weights.fanout import GroupLayout, WeightSync, group_layout
 from arealite.weights.lora_adapters import AdapterVersions
+from arealite.weights.table import transport_for
+from arealite.weights.transport import PoolSide
 from arealite.weights.verify import WeightVerifier
 from arealite.weights.verify_by_name import fetch_weights, weight_mismatches
 
@@ -380,13 +381,11 @@ class RemoteSGLangEngine(InferenceEngine):
         targets = self.pool.healthy_addrs()
         if not targets:
             raise WeightUpdateError("no healthy server to update: " + self.pool.describe())
+        # the transport the update names (arealite.weights.table), handed the pool
+        transport = transport_for(meta, native=self.weight_sync.native is not None)
+        pool = PoolSide(self._sessions.get(), self.weight_sync, self.adapters, self._set_updating)
         try:
-            if meta.lora_name is not None:  # a LoRA adapter: loaded beside the old ones
-                report = await self.adapters.push(self._sessions.get(), targets, meta,
-                                                  self.weight_sync, self._set_updating)
-            else:
-                report = await self.weight_sync.run(self._sessions.get(), targets, meta,
-                                                    on_pause=self._set_updating)
+            report = await transport.update(pool, targets, meta)
         except WeightUpdateError as e:
             for a, r in (e.report.failed if e.report else {}).items():
                 self.pool.mark_unhealthy(a, f"weight update to v{meta.version} failed: {r}")
@@ -397,8 +396,7 @@ class RemoteSGLangEngine(InferenceEngine):
             self.pool.mark_unhealthy(a, f"weight update to v{meta.version} failed: {r}")
         if report.failed:
             logger.error("weight update v%d: servers taken out: %s", meta.version, report.failed)
-        if meta.type == WeightUpdateType.DISK and meta.lora_name is None:
-            self._last_disk = meta
+        self._last_disk = transport.disk_copy(meta) or self._last_disk  # for re-admissions
         if meta.verify:
             await self.verifier.after_update(self._sessions.get(), report, meta)
         self.last_weight_update = report

@@ -17,12 +17,11 @@ import sys
 import time
 
 import torch
-import torch.distributed as dist
 
 from arealite.api.config import GRPOConfig
 from arealite.api.io_struct import FinetuneSpec, SaveLoadMeta
 from arealite.api.workflow_factory import build_workflow
-from arealite.backends.registry import protocol_for, weight_update_for
+from arealite.backends.registry import protocol_for
 from arealite.backends.vllm.server_command import on_cpu
 from arealite.dataset.loader import create_dataloader, load_rows
 from arealite.engine.ppo.actor import FSDPPPOActor
@@ -43,8 +42,7 @@ from arealite.trainer.common import config_from_argv, dist_info, load_tokenizer,
 from arealite.trainer.eval_hook import TrainClock, load_eval_fn, run_evaluation
 from arealite.utils import recover as rec
 from arealite.utils.distributed import rank0_decides
-from arealite.utils.network import find_free_port
-from arealite.weights.push import push_weights, weight_meta
+from arealite.weights.push import WeightPushPlan, push_weights
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,14 +95,12 @@ def main(argv: list[str] | None = None) -> int:
         return run_evaluation(rollout, eval_rollout, eval_workflow, valid_rows, config.evaluator,
                               eval_fn, {"tokenizer": tokenizer, "version": version, "config": config}, rank == 0)
 
-    # Weight updates: a disk folder per version, or one broadcast group for the whole run.
-    # (from the config alone: this process's CUDA_VISIBLE_DEVICES names the trainer's GPUs)
+    # Weight updates: the run's one transport (a disk folder per version, one broadcast group
+    # for the whole run, ...), chosen from the config and the backend. Whether the servers run
+    # on GPUs comes from the config alone: this process's CUDA_VISIBLE_DEVICES names the trainer's.
     on_gpu = not on_cpu(config.sglang.device, config.launcher.gpus_per_server, {})
-    wu = weight_update_for(config.weight_update, protocol, on_gpu)
-    weights_dir = config.run_dir("weights")
-    port = [wu.master_port or (find_free_port() if rank == 0 else 0)]
-    if dist.is_initialized() and wu.type == "distributed":
-        dist.broadcast_object_list(port, src=0)
+    pushes = WeightPushPlan.choose(config.weight_update, config.actor.lora is not None, protocol,
+                                   on_gpu, config.run_dir("weights"), rank)
 
     # Recovery: weights, optimizer, data position (the loader's, plus the epoch and, in async
     # mode, the rows in flight: the loader is past them), version and staleness counters.
@@ -129,8 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     if rm is not None:
         rm.initialize()
     if info is not None:  # servers may hold other weights after a crash
-        push_weights(actor, rollout, weight_meta(wu, version, weights_dir, port[0], actor),
-                     rank, wu.timeout, wu.retries)
+        push_weights(actor, rollout, pushes.meta(version, actor),
+                     rank, pushes.wu.timeout, pushes.wu.retries)
 
     # Steps are logged as step + 1: a resumed run keeps the lines up to its checkpoint's.
     logger = StatsLogger(config.stats_logger, config.run_dir("logs"), total_steps=total_steps,
@@ -187,8 +183,8 @@ def main(argv: list[str] | None = None) -> int:
                 phases.resume()
             rollout.pause()
             version = step + 1
-            push_weights(actor, rollout, weight_meta(wu, version, weights_dir, port[0], actor),
-                         rank, wu.timeout, wu.retries)
+            push_weights(actor, rollout, pushes.meta(version, actor),
+                         rank, pushes.wu.timeout, pushes.wu.retries)
             rollout.resume()
 
         epoch_done = int((step + 1) % ft.steps_per_epoch == 0)

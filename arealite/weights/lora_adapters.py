@@ -4,7 +4,8 @@ A LoRA run's trainer writes only its adapter for version k and names it ``<run>-
 (``WeightUpdateMeta.lora_name``). ``AdapterVersions.push`` loads it on every server with the
 backend's load call (SGLang's ``/load_lora_adapter``, vLLM's ``/v1/load_lora_adapter``; in memory,
 ``weight_update.type=tensor``: the trainer posts SGLang's ``/load_lora_adapter_from_tensors``
-itself and this waits for it, as for a full-weight tensor update) while
+itself and this waits for it, as for a full-weight tensor update: the two adapter transports
+of ``arealite.weights.adapters``) while
 generation goes on; once every server has it, it becomes ``current`` and each new request (and
 each resumed segment) names it in its body (``lora_path``). A request in flight keeps the adapter
 it was sent with, so its tokens all carry that adapter's version, exactly, without an abort.
@@ -21,18 +22,16 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import aiohttp
 
-from arealite.api.io_struct import (
-    WeightUpdateError,
-    WeightUpdateMeta,
-    WeightUpdateReport,
-    WeightUpdateType,
-)
-from arealite.weights.fanout import WeightSync
+from arealite.api.io_struct import WeightUpdateError, WeightUpdateMeta, WeightUpdateReport
 from arealite.weights.shared_tensors import LORA_FROM_TENSORS_PATH, lora_tensors_body
-from arealite.weights.tensor_sync import await_tensor_push
+
+if TYPE_CHECKING:  # handed in by the client and by the adapter transport
+    from arealite.weights.adapters import AdapterTransport
+    from arealite.weights.fanout import WeightSync
 
 logger = logging.getLogger("arealite.weights.lora_adapters")
 
@@ -49,9 +48,10 @@ class AdapterVersions:
         self.tensors: tuple[dict, dict] | None = None  # the current in-memory push's adapter
 
     async def push(self, session: aiohttp.ClientSession, addrs: list[str],
-                   meta: WeightUpdateMeta, sync: WeightSync,
+                   meta: WeightUpdateMeta, sync: WeightSync, transport: AdapterTransport,
                    on_pause: Callable[[bool], None] | None = None) -> WeightUpdateReport:
-        """Load ``meta.lora_name`` on ``addrs``, make it current, unload the versions past the
+        """Load ``meta.lora_name`` on ``addrs`` the way of ``transport`` (from its folder, or
+        in memory by the trainer's own posts), make it current, unload the versions past the
         staleness bound. No pause, unless ``meta.lora_pause``: then the servers are paused
         (``pause_mode``) around the load, as for a full-weight update, and the requests cut by
         it resume on the new adapter (``on_pause`` as in ``WeightSync.run``). Raises
@@ -60,21 +60,18 @@ class AdapterVersions:
         proto = sync.protocol
         report = WeightUpdateReport(version=meta.version)
         timeout = min(sync.step_timeout, meta.timeout)
-        in_memory = meta.type == WeightUpdateType.TENSOR
+        folder = transport.folder(meta)  # None: pushed in memory
         paused: list[str] = []
         try:
-            if not in_memory and (meta.type != WeightUpdateType.DISK or not meta.path):
-                raise WeightUpdateError("a LoRA adapter is pushed through disk or tensor "
-                                        "(weight_update.type)")
-            if not in_memory:
-                await sync.wait_disk_ready(meta, timeout)  # before any pause: it can be long
+            await transport.ready(sync, meta, timeout)  # before any pause: it can be long
             if meta.lora_pause:
                 if on_pause is not None:
                     on_pause(True)
                 path, body = proto.pause_call(sync.pause_mode)
                 addrs = paused = await sync.fan_out(session, addrs, path, body, report.failed,
                                                     timeout)
-            report.updated = await self._load(session, addrs, meta, sync, report, timeout)
+            report.updated = await self._load(session, addrs, meta, sync, transport, report,
+                                              timeout)
             self.current = (meta.lora_name, meta.version)  # before continuing: resumed
             # segments of the requests a pause cut carry the new adapter
         except WeightUpdateError as e:
@@ -87,8 +84,8 @@ class AdapterVersions:
                 if on_pause is not None:
                     on_pause(False)
             report.seconds = time.monotonic() - t0
-        self.loaded[meta.version] = (meta.lora_name, None if in_memory else str(meta.path))
-        if in_memory:
+        self.loaded[meta.version] = (meta.lora_name, folder)
+        if folder is None:  # what the trainer sent, to load on a server re-admitted later
             self.tensors = meta.lora_tensors
         for v in sorted(v for v in self.loaded if v < meta.version - self.max_staleness):
             # failures only logged: a leftover adapter costs memory, never correctness
@@ -100,22 +97,14 @@ class AdapterVersions:
         return report
 
     async def _load(self, session: aiohttp.ClientSession, addrs: list[str],
-                    meta: WeightUpdateMeta, sync: WeightSync, report: WeightUpdateReport,
-                    timeout: float) -> list[str]:
-        """The servers of ``addrs`` that loaded the adapter (from its folder, or in memory by
-        the trainer's own posts); raises ``WeightUpdateError`` when none did."""
+                    meta: WeightUpdateMeta, sync: WeightSync, transport: AdapterTransport,
+                    report: WeightUpdateReport, timeout: float) -> list[str]:
+        """The servers of ``addrs`` that loaded the adapter; raises ``WeightUpdateError`` when
+        none did."""
         if not self.loaded:  # a restarted trainer: servers may hold this name already
             await asyncio.gather(*(self._unload_quietly(session, a, meta.lora_name, sync)
                                    for a in addrs))
-        if meta.type == WeightUpdateType.TENSOR:
-            updated, why = await await_tensor_push(list(addrs), meta, report.failed, timeout,
-                                                   route=LORA_FROM_TENSORS_PATH)
-            if why is not None:
-                raise WeightUpdateError(f"LoRA adapter {meta.lora_name}: {why}")
-        else:
-            body = {"lora_name": meta.lora_name, "lora_path": str(meta.path)}
-            updated = await sync.fan_out(session, addrs, sync.protocol.lora_paths[0], body,
-                                         report.failed, timeout)
+        updated = await transport.load(sync, session, addrs, meta, report, timeout)
         if not updated:
             raise WeightUpdateError(
                 f"LoRA adapter {meta.lora_name} failed on every server: "
