@@ -193,7 +193,7 @@ class WeightUpdateMeta:
     targets: list[str] | None = None
     target_failures: dict[str, str] | None = None
     # LoRA: ``path`` holds only an adapter (peft's format), loaded under this name beside the
-    # older versions (``/load_lora_adapter``), with no pause (arealite.weights.lora_adapters).
+    # older versions (``/load_lora_adapter``), with no pause (arealite.weights.adapters).
     lora_name: str | None = None
     # LoRA tensor pushes: (adapter config dict, {peft key: tensor}) that trainer rank 0 sent,
     # kept by the client to load the current adapter on a server it re-admits.

@@ -13,7 +13,7 @@ embedded ones) and the owner of the rollout executor.
 - Versions: per output token, from the server's ``weight_versions`` spans (else its
   ``weight_version``; a non-integer one, SGLang's launch default ``"default"``, reads as the
   engine's version when the request started). LoRA runs: the version of the adapter the segment
-  was sent with (``rollout.lora_adapters``).
+  was sent with (``arealite.weights.adapters``).
 - Bodies and answers belong to the backend's ``GenerateProtocol`` (``rollout.backend``; with
   ``image_data`` for a request's images): another backend is another protocol, not another client.
 - The engine owns the event-loop thread (lent to the executor) and the version clock
@@ -69,8 +69,8 @@ from arealite.utils.http import (
 )
 from arealite.utils.keys import HINT, ClientKeys, check_api_key
 from arealite.utils.network import parse_addrs
+from arealite.weights.adapters import AdapterVersions
 from arealite.weights.fanout import GroupLayout, WeightSync, group_layout
-from arealite.weights.lora_adapters import AdapterVersions
 from arealite.weights.table import transport_for
 from arealite.weights.transport import PoolSide
 from arealite.weights.verify import WeightVerifier

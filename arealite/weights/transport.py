@@ -29,8 +29,8 @@ from arealite.api.config import WeightUpdateConfig
 from arealite.api.io_struct import WeightUpdateMeta, WeightUpdateReport
 
 if TYPE_CHECKING:  # the client's shared mechanisms: handed in, never built here
+    from arealite.weights.adapters import AdapterVersions
     from arealite.weights.fanout import WeightSync
-    from arealite.weights.lora_adapters import AdapterVersions
     from arealite.weights.upload import DistributedUploader
 
 
