@@ -193,7 +193,7 @@ class WeightUpdateMeta:
     targets: list[str] | None = None
     target_failures: dict[str, str] | None = None
     # LoRA: ``path`` holds only an adapter (peft's format), loaded under this name beside the
-    # older versions (``/load_lora_adapter``), with no pause (arealite.weights.lora_adapters).
+    # older versions (``/load_lora_adapter``), with no pause (arealite.weights.adapters).
     lora_name: str | None = None
     # LoRA tensor pushes: (adapter config dict, {peft key: tensor}) that trainer rank 0 sent,
     # kept by the client to load the current adapter on a server it re-admits.
@@ -201,6 +201,9 @@ class WeightUpdateMeta:
     # LoRA: pause the servers around the load (pause -> load -> continue), as a full-weight
     # update does, instead of loading beside the running versions.
     lora_pause: bool = False
+    # The weight transport moving it (a name of ``arealite.weights.table``), chosen once from
+    # the config and the backend; None (an update built by hand): the one ``type`` implies.
+    transport: str | None = None
 
     def __post_init__(self) -> None:
         self.type = WeightUpdateType(self.type)

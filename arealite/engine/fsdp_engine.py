@@ -43,7 +43,6 @@ from arealite.api.io_struct import (
     SaveLoadMeta,
     VersionClock,
     WeightUpdateMeta,
-    WeightUpdateType,
 )
 from arealite.api.trajectory import TensorDict
 from arealite.engine import checkpoint as ckpt
@@ -74,8 +73,9 @@ from arealite.utils.fsdp import (
     make_lr_scheduler,
     to_dtype,
 )
-from arealite.weights.tensor_upload import upload_by_reference
-from arealite.weights.upload import DistributedUploader, disk_checksums, param_specs
+from arealite.weights.table import transport_for
+from arealite.weights.transport import TrainerSide
+from arealite.weights.upload import DistributedUploader, param_specs
 
 logger = logging.getLogger("arealite.engine.fsdp")
 
@@ -411,28 +411,17 @@ class FSDPEngine(TrainEngine):
         return param_specs(self._check_ready(), bucket_size_mb or 64.0)
 
     def upload_weights(self, meta: WeightUpdateMeta) -> None:
-        """Disk: HF files at ``meta.path`` then the ready marker. Distributed: broadcast the
-        buckets of ``meta.param_specs`` over the weight-update group. Tensor: each rank posts
-        its buckets by reference to its own servers (``tensor_upload``). Collective."""
+        """This rank's half of ``meta``'s transport (``arealite.weights.table``: disk, a
+        broadcast, by reference, an adapter), handed the model. Collective."""
         model = self._check_ready()
+        side = TrainerSide(
+            model, self.rank, self.world_size, self.dp_group, self._uploader,
+            save_hf=lambda path: ckpt.save_hf(model, path),
+            adapter=lora.ModelAdapter(model) if self.is_lora else None,
+        )
         # Summarised per step as timeperf/weight_upload; an info line per step drowned the console.
         with timer("weight_upload"):
-            if self.is_lora:
-                lora.push_adapter(model, meta, self.is_rank0, self.dp_group)
-                return
-            if meta.type == WeightUpdateType.DISK:
-                sd = ckpt.save_hf(model, meta.path)
-                if self.is_rank0:
-                    if meta.verify:  # before the marker: the client reads them once it sees it
-                        meta.checksums = disk_checksums(model, sd, meta.checksum_dtype)
-                    meta.write_disk_marker()
-                dist.barrier(group=self.dp_group)
-                return
-            if meta.type == WeightUpdateType.TENSOR:  # same host: by shared-memory reference
-                secs = upload_by_reference(model, meta, self.rank, self.world_size, self.dp_group)
-            else:
-                secs = self._uploader.upload(model, meta, self.is_rank0)
-        logger.debug("uploaded weights v%d (%s) in %.3f s", meta.version, meta.type.value, secs)
+            transport_for(meta, lora=self.is_lora).upload(side, meta)
 
     # ------------------------------------------------------------------ checkpoints
 

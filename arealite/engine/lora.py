@@ -5,7 +5,8 @@ the FSDP2 engine wraps before sharding, so each adapter matrix is sharded with i
 ``gather_adapter`` collects the full adapter tensors (a collective over a sharded model; every
 rank calls it), ``save_adapter`` writes them in peft's format on rank 0 (loadable by
 ``PeftModel.from_pretrained``, by our servers' ``/load_lora_adapter`` and by SGLang's), and
-``load_adapter`` puts a saved adapter back into the (sharded) model.
+``load_adapter`` puts a saved adapter back into the (sharded) model. ``ModelAdapter`` hands
+them to the weight room's adapter transports (``arealite.weights.adapters``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import torch.distributed as dist
 from torch import nn
 
 from arealite.api.config.actor import LoRAConfig
-from arealite.api.io_struct import WeightUpdateMeta, WeightUpdateType
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
@@ -161,25 +161,18 @@ def adapter_config_dict(model: nn.Module) -> dict[str, Any]:
     return json.loads(json.dumps(cfg, default=lambda o: sorted(o) if isinstance(o, set) else str(o)))
 
 
-def push_adapter(model: nn.Module, meta: WeightUpdateMeta, is_rank0: bool, group: Any) -> None:
-    """A LoRA weight push (``WeightUpdateMeta``): only the adapter moves, loaded by the servers
-    beside the older versions. Disk: peft's format at ``meta.path`` (``/load_lora_adapter``),
-    then the ready marker. Tensor: rank 0 hands it in memory to the servers of
-    ``meta.targets`` (``/load_lora_adapter_from_tensors``, same host), and publishes
-    ``meta.target_failures`` and the adapter (``meta.lora_tensors``, for re-admitting a
-    server later). Collective."""
-    if meta.type == WeightUpdateType.TENSOR:
-        tensors = gather_adapter(model)
-        if is_rank0:
-            from arealite.weights.lora_tensor_push import post_adapter_tensors
+class ModelAdapter:
+    """A LoRA model's adapter as the weight transports take it (``AdapterAccess`` of
+    ``arealite.weights.transport``): gathered, saved, described. Collective where noted."""
 
-            post_adapter_tensors(meta, adapter_config_dict(model), tensors)
-        dist.barrier(group=group)
-        return
-    if meta.type != WeightUpdateType.DISK:
-        raise ValueError("a LoRA run pushes its adapter through disk or tensor: set "
-                         "weight_update.type=disk or tensor")
-    save_adapter(model, meta.path)
-    if is_rank0:
-        meta.write_disk_marker()
-    dist.barrier(group=group)
+    def __init__(self, model: nn.Module):
+        self.model = model
+
+    def gather(self) -> dict[str, torch.Tensor] | None:
+        return gather_adapter(self.model)
+
+    def save(self, path: str | os.PathLike) -> None:
+        save_adapter(self.model, path)
+
+    def config(self) -> dict[str, Any]:
+        return adapter_config_dict(self.model)

@@ -152,7 +152,8 @@ class RayLauncher:
         spec = plan.trainer_spec(self.cfg, self.config_path, self.overrides, 0, addrs)
         wu = self.cfg.weight_update
         # servers on other nodes join the trainer's broadcast group at the trainer's node IP
-        own_address = wu.type == "distributed" and wu.master_address == "127.0.0.1" and not any(
+        # (a transport without a group never reads the address)
+        own_address = wu.master_address == "127.0.0.1" and not any(
             o.startswith("weight_update.master_address=") for o in self.overrides)
         handle = self.host_cls.options(
             num_cpus=plan.thread_counts(self.lc)[1] * self.lc.trainer_nproc,

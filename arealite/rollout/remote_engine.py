@@ -14,7 +14,7 @@ owns the rollout executor.
 - Versions: per output token, from the server's ``weight_versions`` spans (else its
   ``weight_version``; a non-integer one, SGLang's launch default ``"default"``, reads as the
   engine's version when the request started). LoRA runs: the version of the adapter the segment
-  was sent with (``weights.lora_adapters``).
+  was sent with (``arealite.weights.adapters``).
 - Bodies and answers belong to the backend's ``GenerateProtocol`` (``arealite.backends``; with
   ``image_data`` for a request's images): another backend is another protocol, not another client.
 - The trainer's half (submit, wait, batches, pause, versions, recovery state) is
@@ -23,8 +23,9 @@ owns the rollout executor.
   shared with the staleness gate and other engines of the same trainer rank).
 - An observer (``set_observer``: the trace) is told of each request, each attempt of it on a
   server and each weight push, and the executor of each episode; unobserved, nothing is called.
-- ``update_weights`` runs ``rollout.weight_sync`` (LoRA: ``lora_adapters``) on the engine's loop,
-  returning a ``Future``; the version moves once every remaining server confirmed. A server that
+- ``update_weights`` runs the client half of the update's transport (``arealite.weights.table``)
+  over the pool on the engine's loop, returning a ``Future``; the version moves once every
+  remaining server confirmed. A server that
   fails an update leaves the pool until its version is current (re-synced from disk if need be).
 - ``ModelResponse.ttft``: time until the first segment with tokens returned (an upper bound).
 """
@@ -50,7 +51,6 @@ from arealite.api.io_struct import (
     VersionClock,
     WeightUpdateError,
     WeightUpdateMeta,
-    WeightUpdateType,
 )
 from arealite.backends.base import GenerateProtocol, ProtocolError
 from arealite.backends.sglang import SGLANG
@@ -70,8 +70,10 @@ from arealite.utils.http import (
 )
 from arealite.utils.keys import HINT, ClientKeys
 from arealite.utils.network import parse_addrs
+from arealite.weights.adapters import AdapterVersions
 from arealite.weights.fanout import GroupLayout, WeightSync, group_layout
-from arealite.weights.lora_adapters import AdapterVersions
+from arealite.weights.table import transport_for
+from arealite.weights.transport import PoolSide
 from arealite.weights.verify import WeightVerifier
 from arealite.weights.verify_by_name import fetch_weights, weight_mismatches
 
@@ -367,7 +369,7 @@ class RemoteSGLangEngine(RolloutControl):
     # ------------------------------------------------------------------ weights
 
     def update_weights(self, meta: WeightUpdateMeta) -> Future:
-        """Start moving every healthy server to ``meta.version`` (see ``weight_sync``)."""
+        """Start moving every healthy server to ``meta.version`` (the transport's client half)."""
         if self.pool is None:
             raise RuntimeError("RemoteSGLangEngine.initialize() has not been called")
         t0 = time.perf_counter()
@@ -392,13 +394,11 @@ class RemoteSGLangEngine(RolloutControl):
         targets = self.pool.healthy_addrs()
         if not targets:
             raise WeightUpdateError("no healthy server to update: " + self.pool.describe())
+        # the transport the update names (arealite.weights.table), handed the pool
+        transport = transport_for(meta, native=self.weight_sync.native is not None)
+        pool = PoolSide(self._sessions.get(), self.weight_sync, self.adapters, self._set_updating)
         try:
-            if meta.lora_name is not None:  # a LoRA adapter: loaded beside the old ones
-                report = await self.adapters.push(self._sessions.get(), targets, meta,
-                                                  self.weight_sync, self._set_updating)
-            else:
-                report = await self.weight_sync.run(self._sessions.get(), targets, meta,
-                                                    on_pause=self._set_updating)
+            report = await transport.update(pool, targets, meta)
         except WeightUpdateError as e:
             for a, r in (e.report.failed if e.report else {}).items():
                 self.pool.mark_unhealthy(a, f"weight update to v{meta.version} failed: {r}")
@@ -409,8 +409,7 @@ class RemoteSGLangEngine(RolloutControl):
             self.pool.mark_unhealthy(a, f"weight update to v{meta.version} failed: {r}")
         if report.failed:
             logger.error("weight update v%d: servers taken out: %s", meta.version, report.failed)
-        if meta.type == WeightUpdateType.DISK and meta.lora_name is None:
-            self._last_disk = meta
+        self._last_disk = transport.disk_copy(meta) or self._last_disk  # for re-admissions
         if meta.verify:
             await self.verifier.after_update(self._sessions.get(), report, meta)
         self.last_weight_update = report

@@ -16,18 +16,14 @@ Async (``prepare_batch``, trajectories at most ``max_head_offpolicyness`` versio
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import torch.distributed as dist
-
 from arealite.api.config.experiment import GRPOConfig
-from arealite.api.config.weights import WeightUpdateConfig
 from arealite.api.io_struct import FinetuneSpec
 from arealite.api.workflow_api import RolloutWorkflow
 from arealite.api.workflow_factory import build_workflow
 from arealite.backends.base import GenerateProtocol
-from arealite.backends.registry import protocol_for, servers_on_cpu, weight_update_for
+from arealite.backends.registry import protocol_for, servers_on_cpu
 from arealite.dataset.loader import create_dataloader, load_rows
 from arealite.engine.ppo.actor import FSDPPPOActor
 from arealite.engine.ppo.critic import FSDPPPOCritic
@@ -40,8 +36,7 @@ from arealite.rollout.reward_model_client import RemoteRewardModelEngine
 from arealite.trainer.colocate import ColocatedPhases
 from arealite.trainer.common import load_tokenizer
 from arealite.trainer.eval_hook import EvalFn, load_eval_fn, run_evaluation
-from arealite.utils.network import find_free_port
-from arealite.weights.push import push_weights, weight_meta
+from arealite.weights.push import WeightPushPlan, push_weights
 
 
 @dataclass
@@ -65,10 +60,9 @@ class RLEngines:
     workflow: RolloutWorkflow
     eval_workflow: RolloutWorkflow
     eval_fn: EvalFn | None
-    # weight updates: a disk folder per version, or one broadcast group for the whole run
-    wu: WeightUpdateConfig
-    weights_dir: Path
-    master_port: int
+    # weight updates: the run's one transport (a disk folder per version, one broadcast group
+    # for the whole run, ...), chosen from the config and the backend
+    pushes: WeightPushPlan
     keep: GroupRewardFilter | None  # DAPO dynamic sampling: equal-reward groups dropped
     colocated: ColocatedPhases | None  # launcher.colocate: servers and trainer take turns
 
@@ -140,24 +134,20 @@ def build_rl_engines(config: GRPOConfig, rank: int, world: int) -> RLEngines:
     # evaluation keeps the rule reward alone: held-out accuracy stays the verifiable one
     eval_workflow = build_workflow(config.workflow, eval_gconfig, tokenizer, **extra)
     eval_fn = load_eval_fn(config.evaluator.eval_fn)
-    wu, port = _weight_update(config, protocol, rank)
     return RLEngines(
         config, rank, world, tokenizer, processor, loader, valid_rows, ft, DataCycle(),
         rollout, eval_rollout, actor, ref, critic, rm, workflow, eval_workflow, eval_fn,
-        wu, config.run_dir("weights"), port,
+        _weight_pushes(config, protocol, rank),
         keep=GroupRewardFilter() if config.actor.dynamic_sampling else None,
         colocated=_colocated_phases(config, rollout, actor, ref, rm, rank))
 
 
-def _weight_update(config: GRPOConfig, protocol: GenerateProtocol, rank: int) -> tuple[WeightUpdateConfig, int]:
-    """The update type the servers can receive, and the broadcast group's port (rank 0's)."""
+def _weight_pushes(config: GRPOConfig, protocol: GenerateProtocol, rank: int) -> WeightPushPlan:
+    """The transport the servers can receive, and the broadcast group's port (rank 0's)."""
     # from the config alone: this process's CUDA_VISIBLE_DEVICES names the trainer's GPUs
     on_gpu = not servers_on_cpu(config.servers.device, config.launcher.gpus_per_server, {})
-    wu = weight_update_for(config.weight_update, protocol, on_gpu)
-    port = [wu.master_port or (find_free_port() if rank == 0 else 0)]
-    if dist.is_initialized() and wu.type == "distributed":
-        dist.broadcast_object_list(port, src=0)
-    return wu, port[0]
+    return WeightPushPlan.choose(config.weight_update, config.actor.lora is not None, protocol,
+                                 on_gpu, config.run_dir("weights"), rank)
 
 
 def _colocated_phases(config: GRPOConfig, rollout: RemoteSGLangEngine, actor: FSDPPPOActor,
@@ -225,5 +215,5 @@ def sync_weights(e: RLEngines, version: int) -> None:
 
 def push_to_servers(e: RLEngines, version: int) -> None:
     """The servers to the actor's weights as ``version`` (every rank; collective)."""
-    push_weights(e.actor, e.rollout, weight_meta(e.wu, version, e.weights_dir, e.master_port, e.actor),
-                 e.rank, e.wu.timeout, e.wu.retries)
+    push_weights(e.actor, e.rollout, e.pushes.meta(version, e.actor), e.rank,
+                 e.pushes.wu.timeout, e.pushes.wu.retries)

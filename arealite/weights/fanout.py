@@ -1,17 +1,17 @@
 """Moving every server of the pool to new weights (protocol sections 4-6).
 
-Order: ``/pause_generation`` on all servers at once -> ``/begin_weight_update`` (404 = older
-server without sessions, tolerated) -> disk (``/update_weights_from_disk``) or distributed
-(``/init_weights_update_group`` once, then per bucket ``/update_weights_from_distributed`` on
-all servers at once while the trainer broadcasts as rank 0) or tensor (the trainer ranks post
-``/update_weights_from_tensor`` themselves: ``tensor_sync``) -> ``/end_weight_update`` (404
-tolerated) -> ``/continue_generation``. Every call is time-boxed. A server that fails a step is
+Order: the transport's ``prepare`` (before anything is paused) -> ``/pause_generation`` on all
+servers at once -> ``/begin_weight_update`` (404 = older server without sessions, tolerated) ->
+the transport's ``transfer`` (``arealite.weights.table``: disk reload calls, the broadcast's
+buckets, the trainer's by-reference pushes, vLLM's native transfer) -> ``/end_weight_update``
+(404 tolerated) -> ``/continue_generation``. Every call is time-boxed. A server that fails a step is
 dropped from the rest of the sequence and reported; ``continue_generation`` is sent to every
 server that was paused, whatever happened, so no server is left paused. The paths and bodies
 of pause, resume and the disk reload are the backend's (``GenerateProtocol``: SGLang's above,
 vLLM's ``/pause``, ``/collective_rpc`` reload and ``/resume``).
 
-Distributed layout: the trainer is rank 0; server k joins at
+The broadcast transport's group lives here, kept across updates (``prepare_group``,
+``broadcast_buckets``, ``destroy_group``). Its layout: the trainer is rank 0; server k joins at
 ``rank_offset = 1 + Σ_{j<k} tp_size_j`` and ``world_size = 1 + Σ tp_size`` (tp sizes from
 ``/server_info``). The client publishes ``meta.world_size`` before pausing anything (the trainer waits for it);
 the group backend is ``meta.backend`` when set, else ``nccl`` when every server runs on CUDA and
@@ -29,17 +29,13 @@ from typing import Any
 
 import aiohttp
 
-from arealite.api.io_struct import (
-    WeightUpdateError,
-    WeightUpdateMeta,
-    WeightUpdateReport,
-    WeightUpdateType,
-)
+from arealite.api.io_struct import WeightUpdateError, WeightUpdateMeta, WeightUpdateReport
 from arealite.backends.base import GenerateProtocol
 from arealite.backends.sglang import SGLANG
 from arealite.utils.http import HTTPStatusError, call_json, describe_error
 from arealite.utils.keys import HINT
-from arealite.weights.tensor_sync import await_tensor_push
+from arealite.weights.table import transport_for
+from arealite.weights.transport import WeightTransport
 
 logger = logging.getLogger("arealite.weights.fanout")
 
@@ -179,8 +175,11 @@ class WeightSync:
     async def run(
         self, session: aiohttp.ClientSession, addrs: list[str], meta: WeightUpdateMeta,
         on_pause: Callable[[bool], None] | None = None,
+        transport: WeightTransport | None = None,
     ) -> WeightUpdateReport:
-        """The whole sequence; returns which servers now hold ``meta.version``. Raises
+        """The whole sequence, with ``transport``'s client half (None: the one ``meta``
+        names, ``arealite.weights.table``) checking before the pause and transferring
+        between begin and end; returns which servers now hold ``meta.version``. Raises
         ``WeightUpdateError`` (with ``.report``) when no server was updated or a distributed
         transfer broke. ``on_pause(True)`` is called just before ``/pause_generation`` and
         ``on_pause(False)`` after ``/continue_generation``."""
@@ -190,25 +189,9 @@ class WeightSync:
         failed = report.failed
         proto = self.protocol
         try:
-            if meta.type == WeightUpdateType.DISK:
-                await self.wait_disk_ready(meta, timeout)
-                calls = self.disk_calls(meta)  # before pausing: a model it cannot load raises
-            elif meta.type == WeightUpdateType.TENSOR:
-                if not proto.supports_broadcast:  # SGLang's own update routes
-                    raise WeightUpdateError(
-                        f"{proto.name} servers do not take /update_weights_from_tensor: set "
-                        "weight_update.type=disk (see docs/servers.md)")
-                calls = []
-            elif self.native is not None:
-                addrs = await self.native.prepare(self, session, addrs, meta, timeout, failed)
-                calls = []
-            else:
-                if not proto.supports_broadcast:
-                    raise WeightUpdateError(
-                        f"{proto.name} servers do not take SGLang's broadcast updates: set "
-                        "weight_update.type=disk (see docs/servers.md)")
-                addrs = await self.prepare_group(session, addrs, meta, timeout, failed)
-                calls = []
+            if transport is None:
+                transport = transport_for(meta, native=self.native is not None)
+            addrs = await transport.prepare(self, session, addrs, meta, timeout, failed)
             if on_pause is not None:
                 on_pause(True)
             paused: list[str] = []
@@ -216,7 +199,8 @@ class WeightSync:
             try:
                 path, body = proto.pause_call(self.pause_mode)
                 paused = await self.fan_out(session, addrs, path, body, failed, timeout)
-                alive = await self._transfer(session, paused, meta, failed, timeout, begun, calls)
+                alive = await self._transfer(session, paused, meta, failed, timeout, begun,
+                                             transport)
             finally:
                 ended = begun
                 if proto.update_session_paths:
@@ -244,24 +228,13 @@ class WeightSync:
             report.seconds = time.monotonic() - t0
         return report
 
-    async def _transfer(self, session, paused, meta, failed, timeout, begun, calls) -> list[str]:
+    async def _transfer(self, session, paused, meta, failed, timeout, begun, transport):
         alive = paused
         if self.protocol.update_session_paths:
             alive = await self.fan_out(session, paused, self.protocol.update_session_paths[0], {},
                                        failed, timeout, tolerate_404=True)
         begun.extend(alive)
-        if meta.type == WeightUpdateType.DISK:
-            for path, payload in calls:  # in order, each on every server still alive
-                alive = await self.fan_out(session, alive, path, payload, failed, timeout)
-            return alive
-        if meta.type == WeightUpdateType.TENSOR:
-            alive, why = await await_tensor_push(alive, meta, failed, meta.timeout)
-            if why is not None:
-                raise WeightUpdateError(f"tensor update to version {meta.version}: {why}")
-            return alive
-        if self.native is not None:
-            return await self.native.transfer(self, session, alive, meta, failed, timeout)
-        return await self._distributed(session, alive, meta, failed, timeout)
+        return await transport.transfer(self, session, alive, meta, failed, timeout)
 
     def disk_calls(self, meta: WeightUpdateMeta, abort_all: bool = False) -> list:
         """The backend's reload of ``meta.path``; a model it cannot reload in place raises
@@ -324,7 +297,11 @@ class WeightSync:
         meta.world_size = self.layout.world_size
         return members
 
-    async def _distributed(self, session, alive, meta, failed, timeout) -> list[str]:
+    async def broadcast_buckets(self, session: aiohttp.ClientSession, alive: list[str],
+                                meta: WeightUpdateMeta, failed: dict[str, str],
+                                timeout: float) -> list[str]:
+        """The broadcast transport's receive: join the group (first update, or after a
+        rebuild), then every bucket on every member at once while the trainer sends it."""
         lay = self.layout
         if set(alive) != set(lay.rank_offsets):
             self.group = None

@@ -1,11 +1,14 @@
 """The weight push of the RL entry scripts: pause → transfer → resume's middle, the one
 choreography of both halves (every rank's trainer half, rank 0's client half over the pool),
-with its retries and the checksum re-send."""
+with its retries and the checksum re-send. It drives whichever transport the run chose once
+(``WeightPushPlan``, from ``arealite.weights.table``); the engine and the client hand that
+transport their model and their pool."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch.distributed as dist
@@ -13,35 +16,53 @@ import torch.distributed as dist
 from arealite.api.config.weights import WeightUpdateConfig
 from arealite.api.engine_api import InferenceEngine, TrainEngine
 from arealite.api.io_struct import WeightUpdateMeta
+from arealite.backends.base import GenerateProtocol
 from arealite.utils.distributed import rank0_decides
+from arealite.utils.network import find_free_port
+from arealite.weights.table import choose_transport, transport_for
+from arealite.weights.transport import WeightTransport
 from arealite.weights.upload import WeightUploadError
 from arealite.weights.verify import WeightVerificationError
 
 logger = logging.getLogger("arealite.weights.push")
 
 
+@dataclass
+class WeightPushPlan:
+    """A run's weight pushes, decided once: the transport, the config as it runs (after the
+    backend's fallbacks), where versions go on disk, and the broadcast group's port."""
+
+    transport: type[WeightTransport]
+    wu: WeightUpdateConfig
+    disk_root: Path
+    master_port: int
+
+    @classmethod
+    def choose(cls, wu: WeightUpdateConfig, lora: bool, protocol: GenerateProtocol,
+               servers_on_gpu: bool, disk_root: Path, rank: int) -> WeightPushPlan:
+        """The plan on every rank alike (collective when the transport hosts a group: every
+        rank learns rank 0's port)."""
+        transport, wu = choose_transport(wu, lora, protocol, servers_on_gpu)
+        port = [wu.master_port or (find_free_port() if rank == 0 else 0)]
+        if dist.is_initialized() and transport.needs_group_port:
+            dist.broadcast_object_list(port, src=0)
+        return cls(transport, wu, Path(disk_root), int(port[0]))
+
+    def meta(self, version: int, actor: TrainEngine) -> WeightUpdateMeta:
+        return weight_meta(self.wu, version, self.disk_root, self.master_port, actor,
+                           self.transport)
+
+
 def weight_meta(
-    wu: WeightUpdateConfig, version: int, disk_root: Path, master_port: int, actor: TrainEngine
+    wu: WeightUpdateConfig, version: int, disk_root: Path, master_port: int, actor: TrainEngine,
+    transport: type[WeightTransport],
 ) -> WeightUpdateMeta:
-    """The update to ``version``: a disk folder per version, the run's one broadcast group, or
-    same-host pushes by reference (``tensor``); verified (``weight_update.verify``) in ``checksum_dtype``."""
-    if wu.type == "disk":
-        meta = WeightUpdateMeta.disk(version, disk_root)
-    elif wu.type == "tensor":
-        meta = WeightUpdateMeta.tensor(version, wu.bucket_size_mb, wu.timeout)
-    else:
-        meta = WeightUpdateMeta.broadcast(
-            version, actor.get_param_specs(wu.bucket_size_mb), master_port, wu.master_address,
-            wu.group_name, wu.bucket_size_mb, wu.timeout,
-        )
-    meta.verify, meta.checksum_dtype = wu.verify, wu.checksum_dtype
-    if getattr(actor, "is_lora", False):
-        # only the adapter moves, loaded as <run>-v<k> beside the older versions; the base
-        # weights never change, so there is nothing to checksum
-        run = Path(disk_root).resolve()
-        meta.lora_name = f"{run.parent.parent.name}-{run.parent.name}-v{version}"
-        meta.lora_pause = wu.lora_pause
-        meta.verify = False
+    """The update to ``version`` as ``transport`` moves it (a disk folder per version, the
+    run's one broadcast group, same-host pushes by reference, an adapter); verified
+    (``weight_update.verify``) in ``checksum_dtype`` where the transport can be."""
+    meta = transport.make_meta(wu, version, disk_root, master_port, actor)
+    meta.transport = transport.name
+    meta.verify, meta.checksum_dtype = wu.verify and transport.verifiable, wu.checksum_dtype
     return meta
 
 
@@ -77,7 +98,7 @@ def push_weights(
 
 def _retryable(rollout: InferenceEngine, meta: WeightUpdateMeta, err: BaseException) -> bool:
     """A broadcast lost a member (the client took it out of the pool), and servers remain."""
-    if meta.type.value != "distributed" or isinstance(err, WeightVerificationError):
+    if not transport_for(meta).retryable or isinstance(err, WeightVerificationError):
         return False
     pool = getattr(rollout, "pool", None)
     return pool is None or bool(pool.healthy_addrs())

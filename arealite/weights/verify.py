@@ -15,9 +15,10 @@ from typing import Any
 
 import aiohttp
 
-from arealite.api.io_struct import WeightUpdateMeta, WeightUpdateType
+from arealite.api.io_struct import WeightUpdateMeta
 from arealite.utils.http import call_json, describe_error
 from arealite.weights.checksum import HASH_NAME
+from arealite.weights.table import transport_for
 
 logger = logging.getLogger("arealite.weights.verify")
 
@@ -112,7 +113,7 @@ class WeightVerifier:
             self.pool.mark_unhealthy(a, f"weights differ from the trainer's after v{meta.version}")
             logger.error("WEIGHT MISMATCH: server %s does not hold the trainer's weights v%d "
                          "(%s); taken out of the pool and re-synced", a, meta.version, why)
-        if bad and meta.type == WeightUpdateType.DISK:
+        if bad and transport_for(meta).disk_copy(meta) is not None:  # reload it from there
             await self._resync_from_disk(session, list(bad), meta)
         elif bad:
             report.resync = list(bad)

@@ -64,7 +64,7 @@ def main() -> None:
     from arealite.utils.memory import rss_mib
     from arealite.utils.network import LOOPBACK, find_free_port, wait_http_ok
     from arealite.utils.sync_http import post_json
-    from arealite.weights.tensor_upload import upload_by_reference
+    from arealite.weights.tensor import upload_by_reference
     from benchmarks.micro.weight_sync import build_model
 
     with tempfile.TemporaryDirectory() as d:

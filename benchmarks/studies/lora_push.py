@@ -13,7 +13,7 @@ of steps, one after the other, under ``{fileroot}/bench-lora-push/``:
 - ``lora-disk``: ``actor.lora`` (rank 16, alpha 32, all linear layers of the blocks; lr 2e-3,
   LoRA's usual ten times the full model's): only the adapter is written, and each version is
   loaded as ``<run>-v<k>`` beside the old ones with nothing paused
-  (``arealite.weights.lora_adapters``).
+  (``arealite.weights.adapters``).
 - ``lora-tensor``: the same adapter handed over in memory (``weight_update.type=tensor``: trainer
   rank 0 posts ``/load_lora_adapter_from_tensors`` by shared-memory reference), no file, no pause.
 - ``lora-disk-pause``: the adapter through disk, but pause → load → continue around each load

@@ -13,10 +13,11 @@ import torch
 
 from arealite.api.config.weights import WeightUpdateConfig
 from arealite.api.io_struct import ParamSpec, WeightUpdateMeta
-from arealite.backends.registry import servers_on_cpu, weight_update_for
+from arealite.backends.registry import servers_on_cpu
 from arealite.backends.sglang import SGLANG
 from arealite.backends.vllm import weight_transfer as vt
 from arealite.backends.vllm.protocol import VLLM
+from arealite.weights.table import choose_transport
 
 SPECS = [[ParamSpec("a.weight", (4, 2), "float32"), ParamSpec("b", (3,), "bfloat16")],
          [ParamSpec("c.weight", (2, 2, 2), "float32")]]
@@ -37,11 +38,11 @@ def test_bodies_are_vllms_init_update_and_finish_infos():
 
 def test_distributed_on_vllm_is_native_on_gpus_and_disk_on_cpu(caplog):
     wu = WeightUpdateConfig(type="distributed", verify=False)
-    assert weight_update_for(wu, VLLM, servers_on_gpu=True).type == "distributed"
-    with caplog.at_level(logging.WARNING, "arealite.backends.registry"):
-        assert weight_update_for(wu, VLLM, servers_on_gpu=False).type == "disk"
+    assert choose_transport(wu, False, VLLM, servers_on_gpu=True)[1].type == "distributed"
+    with caplog.at_level(logging.WARNING, "arealite.weights.table"):
+        assert choose_transport(wu, False, VLLM, servers_on_gpu=False)[1].type == "disk"
     assert "needs GPUs" in caplog.text
-    assert weight_update_for(wu, SGLANG, servers_on_gpu=False).type == "distributed"
+    assert choose_transport(wu, False, SGLANG, servers_on_gpu=False)[1].type == "distributed"
 
 
 def test_servers_are_on_cpu_when_asked_or_given_no_gpu():

@@ -14,6 +14,8 @@ from arealite.api.config.loader import load_config
 from arealite.api.io_struct import FinetuneSpec
 from arealite.rollout.data_cycle import DataCycle
 from arealite.trainer.rl_engines import RLEngines
+from arealite.weights.disk import DiskTransport
+from arealite.weights.push import WeightPushPlan
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "toy_grpo_sync.yaml"
 
@@ -144,6 +146,6 @@ def fake_engines(config: GRPOConfig, calls: list[tuple], steps: int = 5, valid_r
         valid_rows=[{"id": -i} for i in range(valid_rows)], ft=FinetuneSpec(1, 2 * steps, 2),
         cycle=DataCycle(), rollout=FakeRollout(calls), eval_rollout=FakeEvalRollout(calls, "eval"),
         actor=FakeActor(calls), ref=None, critic=None, reward_model=None, workflow=None,
-        eval_workflow=None, eval_fn=None, wu=config.weight_update,
-        weights_dir=config.run_dir("weights"), master_port=0, keep=None, colocated=None)
+        eval_workflow=None, eval_fn=None, pushes=WeightPushPlan(DiskTransport, config.weight_update,
+                                                           config.run_dir("weights"), 0), keep=None, colocated=None)
     return RLEngines(**{**defaults, **fields})

@@ -190,7 +190,7 @@ def test_the_trainers_push_reaches_every_server_of_its_rank_every_time(server, l
     """``upload_by_reference`` with two targets (here the same server twice), two versions in a
     row: each receiver gets its own payload, so no shared block is freed under a later push."""
     from arealite.api.io_struct import WeightUpdateMeta
-    from arealite.weights.tensor_upload import upload_by_reference
+    from arealite.weights.tensor import upload_by_reference
 
     addr = server.removeprefix("http://")
     for version, seed in ((21, 5), (22, 6)):

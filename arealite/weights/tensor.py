@@ -1,16 +1,19 @@
-"""The trainer's half of a same-host (``tensor``) weight update: SGLang's
-``/update_weights_from_tensor`` with tensors passed by reference.
+"""The shared-memory / CUDA IPC transport (``tensor``): SGLang's ``/update_weights_from_tensor``
+with tensors passed by reference, for servers on the trainer's host. Both halves are here.
 
-Co-located mode runs one server per trainer rank on the same host. Rank 0's client pauses the
-servers, opens their update sessions and publishes them in ``meta.targets``; every rank gathers
-each bucket of full tensors (FSDP2 all-gather, a collective of the training group) and posts it
-to its own servers (``targets[i]`` for ``i % world_size == rank``) as SGLang's payload: a
-``ForkingPickler`` dump naming shared-memory blocks (CPU) or CUDA IPC handles (GPU). A
-parameter that is its own full tensor (one rank) is shared where it lives: after the first push
-its storage stays in shared memory (the optimizer updates it in place), and the server keeps
-it mapped (``servers/weights/shared_sources.py``), so a push costs the server's one copy; such buckets
-cost no memory and go in one call. The last call carries ``weight_version``: the server applies
-every staged bucket at once, so a rank that dies halfway leaves its server on the old weights.
+Co-located mode runs one server per trainer rank on the same host. The client half pauses the
+servers, opens their update sessions and publishes them in ``meta.targets``, then waits for
+``meta.target_failures`` (``await_tensor_push``): the payload names shared memory of the
+trainer's process, so it cannot come from anywhere else. The trainer half
+(``upload_by_reference``): every rank gathers each bucket of full tensors (FSDP2 all-gather, a
+collective of the training group) and posts it to its own servers (``targets[i]`` for
+``i % world_size == rank``) as SGLang's payload: a ``ForkingPickler`` dump naming shared-memory
+blocks (CPU) or CUDA IPC handles (GPU). A parameter that is its own full tensor (one rank) is
+shared where it lives: after the first push its storage stays in shared memory (the optimizer
+updates it in place), and the server keeps it mapped (``servers/weights/shared_sources.py``),
+so a push costs the server's one copy; such buckets cost no memory and go in one call. The last
+call carries ``weight_version``: the server applies every staged bucket at once, so a rank that
+dies halfway leaves its server on the old weights.
 
 Rank 0 hashes what it sent (``meta.checksums``, when ``meta.verify``) and publishes
 ``meta.target_failures``; every rank raises ``WeightUploadError`` when any push failed.
@@ -18,19 +21,89 @@ Rank 0 hashes what it sent (``meta.checksums``, when ``meta.verify``) and publis
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import re
 import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+import aiohttp
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from arealite.api.io_struct import WeightUpdateMeta
+from arealite.api.config.weights import WeightUpdateConfig
+from arealite.api.io_struct import WeightUpdateError, WeightUpdateMeta
 from arealite.utils.sync_http import admin_headers, post_json
 from arealite.weights.checksum import dtype_name, tensor_checksum
 from arealite.weights.shared_tensors import release_payload_refs, serialize_named_tensors
+from arealite.weights.transport import TrainerSide, WeightTransport
 from arealite.weights.upload import WeightUploadError, _check_abort, _gather, param_specs
+
+if TYPE_CHECKING:
+    from arealite.weights.fanout import WeightSync
+
+logger = logging.getLogger("arealite.weights.tensor")
+
+
+class TensorTransport(WeightTransport):
+    name = "tensor"
+
+    @classmethod
+    def make_meta(cls, wu: WeightUpdateConfig, version: int, disk_root: Path,
+                  master_port: int, actor: Any) -> WeightUpdateMeta:
+        return WeightUpdateMeta.tensor(version, wu.bucket_size_mb, wu.timeout)
+
+    def upload(self, side: TrainerSide, meta: WeightUpdateMeta) -> None:
+        secs = upload_by_reference(side.model, meta, side.rank, side.world_size, side.group)
+        logger.debug("pushed weights v%d by reference in %.3f s", meta.version, secs)
+
+    async def prepare(self, sync: WeightSync, session: aiohttp.ClientSession, addrs: list[str],
+                      meta: WeightUpdateMeta, timeout: float, failed: dict[str, str]) -> list[str]:
+        if not sync.protocol.supports_broadcast:  # SGLang's own update routes
+            raise WeightUpdateError(
+                f"{sync.protocol.name} servers do not take /update_weights_from_tensor: set "
+                "weight_update.type=disk (see docs/servers.md)")
+        return addrs
+
+    async def transfer(self, sync: WeightSync, session: aiohttp.ClientSession,
+                       alive: list[str], meta: WeightUpdateMeta, failed: dict[str, str],
+                       timeout: float) -> list[str]:
+        alive, why = await await_tensor_push(alive, meta, failed, meta.timeout)
+        if why is not None:
+            raise WeightUpdateError(f"tensor update to version {meta.version}: {why}")
+        return alive
+
+
+# ------------------------------------------------------------------ the client half
+
+
+async def await_tensor_push(alive: list[str], meta: WeightUpdateMeta, failed: dict[str, str],
+                            timeout: float, poll: float = 0.005,
+                            route: str = "/update_weights_from_tensor",
+                            ) -> tuple[list[str], str | None]:
+    """``(servers updated, None)`` or ``(..., why the whole update failed)``; per-server
+    failures go to ``failed``."""
+    meta.target_failures = None
+    meta.targets = list(alive)  # last: the trainer starts pushing when it sees it
+    deadline = time.monotonic() + timeout
+    while meta.target_failures is None:
+        if meta.abort_reason:
+            return [], f"the trainer's push failed: {meta.abort_reason}"
+        if time.monotonic() >= deadline:
+            return [], f"the trainer did not push the weights within {timeout:.0f} s"
+        await asyncio.sleep(poll)
+    got = dict(meta.target_failures)
+    if "*" in got:
+        return [], f"the trainer's push failed: {got['*']}"
+    for a, reason in got.items():
+        failed.setdefault(a, f"{route}: {reason}")
+    return [a for a in alive if a not in got], None
+
+
+# ------------------------------------------------------------------ the trainer half
 
 
 def wait_targets(meta: WeightUpdateMeta, deadline: float) -> list[str]:
