@@ -283,7 +283,7 @@ class WeightUpdateReport:
     seconds: float = 0.0
     verify_seconds: float = 0.0  # of which checking the servers' checksums (and disk re-syncs)
     # servers whose checksums differed after a broadcast: out of the pool until the trainer
-    # re-sends to them (RemoteSGLangEngine.resync_weights)
+    # re-sends to them (RemoteInferenceEngine.resync_weights)
     resync: list[str] = field(default_factory=list)
 
 

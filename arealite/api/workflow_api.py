@@ -23,7 +23,7 @@ class GenerateEngine(Protocol):
 
 async def generate_group(engine: GenerateEngine, reqs: list[ModelRequest]) -> list[ModelResponse]:
     """One response per request, in order: the engine's ``agenerate_group`` when it has one
-    (``RemoteSGLangEngine`` sends a GRPO group's samples in one batched call), else one
+    (``RemoteInferenceEngine`` sends a GRPO group's samples in one batched call), else one
     ``agenerate`` per request, concurrently. Each response is what ``agenerate`` would give."""
     group = getattr(engine, "agenerate_group", None)
     if group is not None:

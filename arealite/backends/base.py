@@ -1,7 +1,7 @@
 """The one seam between the client and a server backend's ``/generate`` wire format.
 
 A backend is a ``GenerateProtocol``: the path requests go to, how one segment of a request is
-encoded, and how an answer becomes a ``Segment``. ``RemoteSGLangEngine`` holds one (by default
+encoded, and how an answer becomes a ``Segment``. ``RemoteInferenceEngine`` holds one (by default
 ``sglang_protocol.SGLANG``) and never builds a body or reads an answer itself, so another
 backend (vLLM's native API, say) is one more module implementing these three members, never a
 copy of the client. Routing, retries, resumption after a pause and versions stay in the client.

@@ -1,7 +1,7 @@
 """What the rollout client and its executor tell an observer, at the points where it happens:
 an episode queued, started and ended; a request started, each attempt of it on a server, its
 end; a weight push ended; a reward call ended. ``arealite.observe.observers.StepObservers``
-attaches one (``RemoteSGLangEngine.set_observer``); the timeline trace
+attaches one (``RemoteInferenceEngine.set_observer``); the timeline trace
 (``arealite.observe.rollout_trace``) is one.
 
 Every method here does nothing, so an observer overrides only what it records. A client with no

@@ -1,4 +1,4 @@
-"""A GRPO group's samples in one batched ``/generate`` call (``RemoteSGLangEngine.agenerate_group``).
+"""A GRPO group's samples in one batched ``/generate`` call (``RemoteInferenceEngine.agenerate_group``).
 
 A group is ``n`` requests for the same prompt with the same sampling settings. Sent one by one,
 each costs the server a full HTTP request (parsing, validation, routing, a response) and the
@@ -34,7 +34,7 @@ logger = logging.getLogger("arealite.rollout.group_generate")
 
 
 async def generate_group(engine: Any, reqs: list[ModelRequest]) -> list[ModelResponse]:
-    """One response per request of ``reqs`` (a ``RemoteSGLangEngine``'s group), in order."""
+    """One response per request of ``reqs`` (a ``RemoteInferenceEngine``'s group), in order."""
     proto = engine.protocol
     encode = getattr(proto, "encode_batch_body", None)
     if not _batchable(engine, reqs, encode):

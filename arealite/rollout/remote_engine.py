@@ -1,4 +1,4 @@
-"""``RemoteSGLangEngine``: the client of a pool of SGLang-protocol servers (real SGLang or our
+"""``RemoteInferenceEngine``: the client of a pool of SGLang-protocol servers (real SGLang or our
 embedded ones): generation, routing, failover and health. Its base class, ``RolloutControl``,
 owns the rollout executor.
 
@@ -96,7 +96,7 @@ class GenerationError(RuntimeError):
         self.errors = errors or []
 
 
-class RemoteSGLangEngine(RolloutControl):
+class RemoteInferenceEngine(RolloutControl):
     def __init__(
         self, config: InferenceEngineConfig, clock: VersionClock | None = None,
         protocol: GenerateProtocol = SGLANG,
@@ -186,7 +186,7 @@ class RemoteSGLangEngine(RolloutControl):
         ids_json = req.validate()
         pool = self.pool
         if pool is None:
-            raise RuntimeError("RemoteSGLangEngine.initialize() has not been called")
+            raise RuntimeError("RemoteInferenceEngine.initialize() has not been called")
         g = req.gconfig
         if g.n_samples != 1:
             raise ValueError(
@@ -371,7 +371,7 @@ class RemoteSGLangEngine(RolloutControl):
     def update_weights(self, meta: WeightUpdateMeta) -> Future:
         """Start moving every healthy server to ``meta.version`` (the transport's client half)."""
         if self.pool is None:
-            raise RuntimeError("RemoteSGLangEngine.initialize() has not been called")
+            raise RuntimeError("RemoteInferenceEngine.initialize() has not been called")
         t0 = time.perf_counter()
         fut = self.loop.run(self._update_weights(meta))
         if self.observer is not None:

@@ -1,4 +1,4 @@
-"""The reward-model client: ``RemoteSGLangEngine`` over a pool of servers that score
+"""The reward-model client: ``RemoteInferenceEngine`` over a pool of servers that score
 (``python -m servers.launch_server --is-embedding`` or ``sglang.launch_server --is-embedding``).
 
 Nothing of the client is copied: routing, health probes and re-admission, failover and retries,
@@ -24,7 +24,7 @@ from arealite.api.io_struct import ModelRequest, VersionClock
 from arealite.api.reward_model_api import RM_ADDRS_ENV, RewardModelScorer
 from arealite.backends.base import GenerateProtocol, ProtocolError, Segment
 from arealite.backends.sglang import SGLangProtocol
-from arealite.rollout.remote_engine import RemoteSGLangEngine
+from arealite.rollout.remote_engine import RemoteInferenceEngine
 from arealite.utils.network import parse_addrs
 from arealite.weights.fanout import get_info
 
@@ -76,7 +76,7 @@ class NotAScoringServer(ValueError):
     """A server of the reward-model pool serves a generation model."""
 
 
-class RemoteRewardModelEngine(RemoteSGLangEngine, RewardModelScorer):
+class RemoteRewardModelEngine(RemoteInferenceEngine, RewardModelScorer):
     def __init__(self, config: InferenceEngineConfig, clock: VersionClock | None = None,
                  protocol: GenerateProtocol = SGLANG_SCORE):
         super().__init__(config, clock, protocol)

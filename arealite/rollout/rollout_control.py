@@ -5,7 +5,7 @@ idle time, all through one ``WorkflowExecutor``.
 It owns what those share with generation: the version clock (one per trainer rank, also read
 by the staleness gate and shared with other engines of the rank) and the event-loop thread,
 lent to the executor's episodes; a subclass runs its own coroutines (requests, weight updates,
-health probes) on the same loop. ``RemoteSGLangEngine`` is the one subclass: it adds the
+health probes) on the same loop. ``RemoteInferenceEngine`` is the one subclass: it adds the
 generation client.
 """
 

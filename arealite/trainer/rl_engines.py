@@ -31,7 +31,7 @@ from arealite.engine.vision_processor import vision_processor
 from arealite.observe.timing import timer
 from arealite.rollout.data_cycle import DataCycle
 from arealite.rollout.dynamic_sampling import GroupRewardFilter, rollout_full_batch
-from arealite.rollout.remote_engine import RemoteSGLangEngine
+from arealite.rollout.remote_engine import RemoteInferenceEngine
 from arealite.rollout.reward_model_client import RemoteRewardModelEngine
 from arealite.trainer.colocate import ColocatedPhases
 from arealite.trainer.common import load_tokenizer
@@ -51,8 +51,8 @@ class RLEngines:
     valid_rows: list[dict[str, Any]]
     ft: FinetuneSpec
     cycle: DataCycle  # sync mode's walk over the loader; async mode's is the executor's
-    rollout: RemoteSGLangEngine
-    eval_rollout: RemoteSGLangEngine
+    rollout: RemoteInferenceEngine
+    eval_rollout: RemoteInferenceEngine
     actor: FSDPPPOActor
     ref: FSDPPPOActor | None
     critic: FSDPPPOCritic | None  # PPO with a learned baseline: GAE over its values
@@ -109,8 +109,8 @@ def build_rl_engines(config: GRPOConfig, rank: int, world: int) -> RLEngines:
                       config.total_train_steps)
     # The client speaks the servers' protocol (launcher.server_backend: SGLang's or vLLM's).
     protocol = protocol_for(config.launcher.server_backend)
-    rollout = RemoteSGLangEngine(config.rollout, protocol=protocol)
-    eval_rollout = RemoteSGLangEngine(config.rollout.model_copy(
+    rollout = RemoteInferenceEngine(config.rollout, protocol=protocol)
+    eval_rollout = RemoteInferenceEngine(config.rollout.model_copy(
         update={"max_head_offpolicyness": 1 << 20, "max_concurrent_rollouts": None}),
         rollout.clock, protocol)
     eval_rollout.adapters = rollout.adapters  # a LoRA run evaluates its current adapter
@@ -150,7 +150,7 @@ def _weight_pushes(config: GRPOConfig, protocol: GenerateProtocol, rank: int) ->
                                  on_gpu, config.run_dir("weights"), rank)
 
 
-def _colocated_phases(config: GRPOConfig, rollout: RemoteSGLangEngine, actor: FSDPPPOActor,
+def _colocated_phases(config: GRPOConfig, rollout: RemoteInferenceEngine, actor: FSDPPPOActor,
                       ref: FSDPPPOActor | None, rm: RemoteRewardModelEngine | None,
                       rank: int) -> ColocatedPhases | None:
     """launcher.colocate: servers and trainer take turns with the host's memory (sync mode);

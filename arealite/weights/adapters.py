@@ -19,7 +19,7 @@ becomes ``current`` and each new request (and each resumed segment) names it in 
 (``lora_path``). A request in flight keeps the adapter it was sent with, so its tokens all carry
 that adapter's version, exactly, without an abort. Versions older than the staleness bound
 (``max_head_offpolicyness``) are then unloaded: a server lets requests already running on an
-unloaded adapter finish on it. The client engine (``RemoteSGLangEngine``) owns one
+unloaded adapter finish on it. The client engine (``RemoteInferenceEngine``) owns one
 ``AdapterVersions`` and hands it to the engines that share its version clock, so evaluation
 uses the same adapter as training. The base weights never change, so there is nothing to
 checksum (``verifiable = False``).

@@ -92,7 +92,7 @@ class WeightVerifier:
     """What the client does with a mismatch. A server whose checksums differ is taken out of the
     pool and kept out (``quarantined``: the health probe never re-admits it, since it reports
     the current version), then re-synced: from disk here, by broadcast through the trainer
-    (``report.resync``, see ``RemoteSGLangEngine.resync_weights``). A verified re-sync brings
+    (``report.resync``, see ``RemoteInferenceEngine.resync_weights``). A verified re-sync brings
     it back; a second mismatch raises ``WeightVerificationError``: the run stops."""
 
     def __init__(self, weight_sync: Any, timeout: float, admin_headers: dict[str, str] | None):

@@ -30,7 +30,7 @@ ROOT = HERE.parent
 KNOWN: dict[str, str] = {
     "server_throughput": "Embedded server (continuous batching) against transformers `generate`, "
                          "one at a time and as one static padded batch, on long-tailed requests.",
-    "client_overhead": "`RemoteSGLangEngine` against raw aiohttp posts to a loopback server that "
+    "client_overhead": "`RemoteInferenceEngine` against raw aiohttp posts to a loopback server that "
                        "answers instantly: what the client costs per request.",
     "weight_sync": "Weight upload over a gloo broadcast against memcpy and a bare broadcast, by "
                    "model size; then the packing efficiency of micro-batches on toy-task batches.",

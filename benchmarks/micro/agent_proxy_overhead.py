@@ -1,5 +1,5 @@
 """Agent proxy overhead: latency per call through the proxy's in-process ``AsyncOpenAI`` client
-versus a direct ``RemoteSGLangEngine.agenerate`` of the same prompt, against one embedded
+versus a direct ``RemoteInferenceEngine.agenerate`` of the same prompt, against one embedded
 server on the tiny model (a separate process).
 
 Both paths generate the same tokens (greedy, ``ignore_eos``, ``--tokens`` new tokens) from the
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     from arealite.agent.proxy import AgentProxy
     from arealite.demo.tiny import TinyModelSpec, build_tiny_model
     from arealite.demo.toy_tools import TOOLS
-    from arealite.rollout.remote_engine import RemoteSGLangEngine
+    from arealite.rollout.remote_engine import RemoteInferenceEngine
     from benchmarks.micro.server_throughput import Server
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         tok = AutoTokenizer.from_pretrained(str(model))
         with Server(str(model)) as server:
             addr = server.addr
-            eng = RemoteSGLangEngine(InferenceEngineConfig(setup_timeout=60, request_timeout=120))
+            eng = RemoteInferenceEngine(InferenceEngineConfig(setup_timeout=60, request_timeout=120))
             eng.initialize([addr])
             g = GenerationHyperparameters(max_new_tokens=args.tokens, greedy=True,
                                           temperature=0.0, ignore_eos=True)

@@ -1,4 +1,4 @@
-"""Client overhead: requests/s through ``RemoteSGLangEngine.agenerate`` versus raw ``aiohttp``
+"""Client overhead: requests/s through ``RemoteInferenceEngine.agenerate`` versus raw ``aiohttp``
 posts of the same ``/generate`` bodies, against a minimal loopback server (a separate process)
 that answers every request with one fixed SGLang-shaped reply. Both clients run in one process,
 on the same event loop (the engine's), with the same concurrency, in alternating rounds; the
@@ -151,7 +151,7 @@ def main() -> None:
 
     from arealite.api.config.rollout import InferenceEngineConfig
     from arealite.backends.sglang import generate_payload
-    from arealite.rollout.remote_engine import RemoteSGLangEngine
+    from arealite.rollout.remote_engine import RemoteInferenceEngine
 
     port = find_free_port()
     srv = subprocess.Popen(
@@ -162,7 +162,7 @@ def main() -> None:
     try:
         if not wait_http_ok(f"http://{LOOPBACK}:{port}/health", 30, alive=lambda: srv.poll() is None):
             raise SystemExit("the loopback server did not start")
-        engine = RemoteSGLangEngine(InferenceEngineConfig(setup_timeout=10))
+        engine = RemoteInferenceEngine(InferenceEngineConfig(setup_timeout=10))
         engine.initialize([f"{LOOPBACK}:{port}"])
         client, stop_observers = observed(engine, args.metrics, args.trace)
         prompt = list(range(1, 33))
@@ -190,7 +190,7 @@ def main() -> None:
               f"{args.tokens} output tokens per reply (medians over rounds); "
               f"observability on: {', '.join(on) or 'none'}")
         print(f"  raw aiohttp posts        : {r:8.1f} req/s  {rc:6.1f} us client CPU/request")
-        print(f"  RemoteSGLangEngine       : {e:8.1f} req/s  {ec:6.1f} us client CPU/request")
+        print(f"  RemoteInferenceEngine       : {e:8.1f} req/s  {ec:6.1f} us client CPU/request")
         print(f"  overhead ratio raw/engine: {r / e:8.3f}x  (target <= 1.15); client CPU ratio "
               f"{ec / rc:.3f}x")
     finally:

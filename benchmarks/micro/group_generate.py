@@ -1,5 +1,5 @@
 """One rollout batch through the embedded server: a GRPO group's samples sent one request each
-against the group in one batched ``/generate`` (what ``RemoteSGLangEngine.agenerate_group``
+against the group in one batched ``/generate`` (what ``RemoteInferenceEngine.agenerate_group``
 sends), side by side on one server, in alternating rounds.
 
     python -m benchmarks.micro.group_generate [--quick] [--model-path DIR] [--prompts 8] [--samples 8]

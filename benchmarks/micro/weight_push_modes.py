@@ -3,7 +3,7 @@ disk, side by side in one run, each against the memcpy-bound time for the same b
 server's RSS before and after ``/release_memory_occupation``.
 
 One random Qwen2 model (built here), one embedded server on it, the trainer an ``FSDPEngine``
-(a world of one) driven by the real client (``RemoteSGLangEngine``). Per round, interleaved:
+(a world of one) driven by the real client (``RemoteInferenceEngine``). Per round, interleaved:
 
 - memcpy: ``dst.copy_(src)`` of one buffer as large as all parameters (the bound);
 - shm:    ``upload_by_reference`` alone: every bucket posted to ``/update_weights_from_tensor``
@@ -60,7 +60,7 @@ def main() -> None:
     from arealite.api.config.rollout import InferenceEngineConfig
     from arealite.api.io_struct import WeightUpdateMeta
     from arealite.engine.fsdp_engine import FSDPEngine
-    from arealite.rollout.remote_engine import RemoteSGLangEngine
+    from arealite.rollout.remote_engine import RemoteInferenceEngine
     from arealite.utils.memory import rss_mib
     from arealite.utils.network import LOOPBACK, find_free_port, wait_http_ok
     from arealite.utils.sync_http import post_json
@@ -88,7 +88,7 @@ def main() -> None:
                              device="cpu", backend="gloo")
             eng.initialize()
             nbytes = sum(p.numel() * p.element_size() for p in eng.model.parameters())
-            client = RemoteSGLangEngine(InferenceEngineConfig(
+            client = RemoteInferenceEngine(InferenceEngineConfig(
                 server_addrs=[addr], setup_timeout=60, weight_update_timeout=300))
             client.initialize()
             gloo_port, version = find_free_port(), 0

@@ -4,7 +4,7 @@
 
 The main job's SFT warm-start model (built as ``make run`` builds it), one embedded server with
 ``--enable-lora``, a trainer ``FSDPEngine`` with a rank-16 adapter (a world of one) driven by the
-real client (``RemoteSGLangEngine``), and two background threads keeping the server generating
+real client (``RemoteInferenceEngine``), and two background threads keeping the server generating
 (64-token requests, one after another). Per round, interleaved after one warm-up round each:
 
 - disk:        the adapter written in peft's format, ``/load_lora_adapter``, nothing paused;
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     from arealite.api.config.rollout import InferenceEngineConfig
     from arealite.api.io_struct import WeightUpdateMeta
     from arealite.engine.fsdp_engine import FSDPEngine
-    from arealite.rollout.remote_engine import RemoteSGLangEngine
+    from arealite.rollout.remote_engine import RemoteInferenceEngine
     from arealite.utils.network import LOOPBACK, find_free_port, wait_http_ok
     from benchmarks.studies.async_vs_sync import ensure_model
 
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
                                            lora=LoRAConfig(rank=16, alpha=32)),
                          device="cpu", backend="gloo")
         eng.initialize()
-        client = RemoteSGLangEngine(InferenceEngineConfig(
+        client = RemoteInferenceEngine(InferenceEngineConfig(
             server_addrs=[addr], setup_timeout=60, weight_update_timeout=120,
             max_head_offpolicyness=1, pause_mode="abort"))
         client.initialize()

@@ -7,7 +7,7 @@
 1. The main job's assets (tiny model, toy task, SFT warm start stopped at
    ``main_job.SFT_STOP_ACCURACY``) under ``{fileroot}/assets``, built as ``make run`` builds
    them when missing.
-2. One embedded server on the SFT model; through ``RemoteSGLangEngine`` and the GRPO job's
+2. One embedded server on the SFT model; through ``RemoteInferenceEngine`` and the GRPO job's
    workflow (``RLVRWorkflow`` with the toy grader), ``samples`` completions at temperature 1
    for each of ``prompts`` training prompts (``QUICK`` / ``FULL`` below). DPO rows: ``chosen`` the right answer (the SFT
    target ``#### N``), ``rejected`` a wrong completion the SFT model sampled (prompts the model
@@ -145,7 +145,7 @@ def run(fileroot: Path, out: Path, *, prompts: int, samples: int, steps: int, ba
     from arealite.api.config.rollout import InferenceEngineConfig
     from arealite.api.io_struct import WeightUpdateMeta
     from arealite.demo.toy_math import generate_toy_math
-    from arealite.rollout.remote_engine import RemoteSGLangEngine
+    from arealite.rollout.remote_engine import RemoteInferenceEngine
     from benchmarks.micro.server_throughput import Server
 
     t0 = time.monotonic()
@@ -160,7 +160,7 @@ def run(fileroot: Path, out: Path, *, prompts: int, samples: int, steps: int, ba
         # no staleness gate: the server's version only moves when this script loads a model
         cfg = InferenceEngineConfig(consumer_batch_size=prompts, request_timeout=600,
                                     max_head_offpolicyness=1 << 20, server_addrs=[server.addr])
-        engine = RemoteSGLangEngine(cfg)
+        engine = RemoteInferenceEngine(cfg)
         engine.initialize()
         try:
             figures["accuracy"]["sft"] = greedy_accuracy(engine, tokenizer, valid)

@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from arealite.api.config.rollout import InferenceEngineConfig
     from arealite.demo.toy_math import generate_toy_math
-    from arealite.rollout.remote_engine import RemoteSGLangEngine
+    from arealite.rollout.remote_engine import RemoteInferenceEngine
     from arealite.rollout.reward_model_client import RemoteRewardModelEngine
     from benchmarks.micro.server_throughput import Server
 
@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
             # no staleness gate: the version never moves here (as the evaluation client)
             cfg = InferenceEngineConfig(consumer_batch_size=prompts, request_timeout=600,
                                         max_head_offpolicyness=1 << 20)
-            rollout = RemoteSGLangEngine(cfg.model_copy(update={"server_addrs": [gen.addr]}))
+            rollout = RemoteInferenceEngine(cfg.model_copy(update={"server_addrs": [gen.addr]}))
             rm_engine = RemoteRewardModelEngine(cfg.model_copy(update={"server_addrs": [rms.addr]}))
             rollout.initialize()
             rm_engine.initialize()

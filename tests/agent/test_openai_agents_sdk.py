@@ -7,7 +7,7 @@ import pytest
 import requests
 
 from arealite.api.config.rollout import GenerationHyperparameters, InferenceEngineConfig
-from arealite.rollout.remote_engine import RemoteSGLangEngine
+from arealite.rollout.remote_engine import RemoteInferenceEngine
 from tests.support.tool_model import CONVERSATION, TOOLS
 
 agents = pytest.importorskip("agents")
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def engine(tool_server):
-    eng = RemoteSGLangEngine(InferenceEngineConfig(setup_timeout=30, request_timeout=120))
+    eng = RemoteInferenceEngine(InferenceEngineConfig(setup_timeout=30, request_timeout=120))
     eng.initialize([tool_server])
     yield eng
     eng.destroy()

@@ -14,7 +14,7 @@ import requests
 
 from arealite.api.config.rollout import GenerationHyperparameters, InferenceEngineConfig
 from arealite.api.io_struct import WeightUpdateMeta
-from arealite.rollout.remote_engine import RemoteSGLangEngine
+from arealite.rollout.remote_engine import RemoteInferenceEngine
 from tests.support.tool_model import CONVERSATION, THINK_CONVERSATION, TOOLS, think_template
 
 openai = pytest.importorskip("openai")
@@ -25,7 +25,7 @@ GREEDY = GenerationHyperparameters(max_new_tokens=120, greedy=True, temperature=
 
 @pytest.fixture(scope="module")
 def engine(tool_server):
-    eng = RemoteSGLangEngine(InferenceEngineConfig(setup_timeout=30, request_timeout=120,
+    eng = RemoteInferenceEngine(InferenceEngineConfig(setup_timeout=30, request_timeout=120,
                                                    weight_update_timeout=60))
     eng.initialize([tool_server])
     eng.set_version(0)

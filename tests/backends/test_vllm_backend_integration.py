@@ -1,4 +1,4 @@
-"""RemoteSGLangEngine with the vLLM protocol against two real vLLM servers on CPU (the
+"""RemoteInferenceEngine with the vLLM protocol against two real vLLM servers on CPU (the
 ``make setup-vllm`` virtualenv; no mock of vLLM): logprobs against the trainer's recompute, a
 generation cut by a disk update and resumed with per-token versions, a server killed
 mid-run.
@@ -22,7 +22,7 @@ from arealite.api.config.rollout import InferenceEngineConfig
 from arealite.api.io_struct import WeightUpdateError, WeightUpdateMeta
 from arealite.backends.vllm.protocol import VLLM
 from arealite.backends.vllm.server_command import lora_flags
-from arealite.rollout.remote_engine import RemoteSGLangEngine
+from arealite.rollout.remote_engine import RemoteInferenceEngine
 from tests.rollout.test_remote_engine_integration import (
     check_versions_match_weights,
     perturbed_state,
@@ -73,10 +73,10 @@ def generated_tokens(addrs: list[str]) -> float:
     return total
 
 
-def make_engine(addrs, **kw) -> RemoteSGLangEngine:
+def make_engine(addrs, **kw) -> RemoteInferenceEngine:
     cfg = InferenceEngineConfig(setup_timeout=60, request_timeout=120, weight_update_timeout=60,
                                 **kw)
-    eng = RemoteSGLangEngine(cfg, protocol=VLLM)
+    eng = RemoteInferenceEngine(cfg, protocol=VLLM)
     eng.initialize(addrs)
     return eng
 

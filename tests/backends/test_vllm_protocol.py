@@ -79,11 +79,11 @@ def test_a_server_without_vllms_endpoints_is_one_clear_error(tiny_model_dir):
     another version or started without the dev-mode flags would) names what it lacks."""
     from arealite.api.config.rollout import InferenceEngineConfig
     from arealite.rollout.health import BackendMismatch
-    from arealite.rollout.remote_engine import RemoteSGLangEngine
+    from arealite.rollout.remote_engine import RemoteInferenceEngine
     from tests.support.procs import embedded_server
 
     with embedded_server(tiny_model_dir) as addr:
-        eng = RemoteSGLangEngine(InferenceEngineConfig(setup_timeout=30), protocol=VLLM)
+        eng = RemoteInferenceEngine(InferenceEngineConfig(setup_timeout=30), protocol=VLLM)
         with pytest.raises(BackendMismatch) as e:
             eng.initialize([addr])
     msg = str(e.value)

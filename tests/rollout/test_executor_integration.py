@@ -16,7 +16,7 @@ from arealite.api.io_struct import ModelRequest, WeightUpdateMeta
 from arealite.api.trajectory import pad_sequences_to_tensors
 from arealite.api.workflow_api import RolloutWorkflow
 from arealite.dataset.loader import create_dataloader
-from arealite.rollout.remote_engine import RemoteSGLangEngine
+from arealite.rollout.remote_engine import RemoteInferenceEngine
 from tests.support.procs import embedded_server
 
 pytestmark = pytest.mark.integration
@@ -49,7 +49,7 @@ def two_servers(tiny_model_dir):
 
 def test_prepare_batch_with_weight_updates_keeps_staleness(two_servers, tiny_model_dir, tmp_path):
     b, eta = 4, 1
-    eng = RemoteSGLangEngine(InferenceEngineConfig(
+    eng = RemoteInferenceEngine(InferenceEngineConfig(
         consumer_batch_size=b, max_head_offpolicyness=eta, max_concurrent_rollouts=8,
         setup_timeout=30, request_timeout=60, weight_update_timeout=60,
     ))
@@ -79,7 +79,7 @@ def test_prepare_batch_with_weight_updates_keeps_staleness(two_servers, tiny_mod
 
 
 def test_rollout_batch_sync_mode(two_servers):
-    eng = RemoteSGLangEngine(InferenceEngineConfig(consumer_batch_size=3, setup_timeout=30))
+    eng = RemoteInferenceEngine(InferenceEngineConfig(consumer_batch_size=3, setup_timeout=30))
     eng.initialize(two_servers)
     try:
         out = eng.rollout_batch([{"ids": [7, 8, i]} for i in range(3)], GenerateOnce(n=5))

@@ -1,4 +1,4 @@
-"""RemoteSGLangEngine against scripted SGLang-shaped servers: request validation, bodies,
+"""RemoteInferenceEngine against scripted SGLang-shaped servers: request validation, bodies,
 interrupted generations, retries, error shapes and the weight-update call sequence.
 
 (Behaviour against real embedded servers: test_remote_engine_integration.py.)
@@ -16,7 +16,7 @@ import pytest
 
 from arealite.api.config.rollout import GenerationHyperparameters, InferenceEngineConfig
 from arealite.api.io_struct import ModelRequest, ParamSpec, WeightUpdateError, WeightUpdateMeta
-from arealite.rollout.remote_engine import GenerationError, RemoteSGLangEngine, parse_addrs
+from arealite.rollout.remote_engine import GenerationError, RemoteInferenceEngine, parse_addrs
 from arealite.utils.network import LOOPBACK, find_free_port
 from tests.support.scripted_sglang import ScriptedServer, generate_reply
 
@@ -37,13 +37,13 @@ def servers():
 
 @pytest.fixture
 def engines():
-    made: list[RemoteSGLangEngine] = []
+    made: list[RemoteInferenceEngine] = []
 
-    def factory(addrs, **kw) -> RemoteSGLangEngine:
+    def factory(addrs, **kw) -> RemoteInferenceEngine:
         opts = dict(setup_timeout=10, request_timeout=20, health_check_interval=0.2,
                     weight_update_timeout=10)
         cfg = InferenceEngineConfig(**{**opts, **kw})
-        eng = RemoteSGLangEngine(cfg)
+        eng = RemoteInferenceEngine(cfg)
         eng.initialize([s.addr for s in addrs] if not isinstance(addrs[0], str) else addrs)
         made.append(eng)
         return eng
@@ -53,7 +53,7 @@ def engines():
         e.destroy()
 
 
-def gen(eng: RemoteSGLangEngine, req: ModelRequest, timeout: float = 30):
+def gen(eng: RemoteInferenceEngine, req: ModelRequest, timeout: float = 30):
     return eng.executor.run_coroutine(eng.agenerate(req)).result(timeout)
 
 
@@ -115,7 +115,7 @@ def test_bodies_and_answers_go_through_the_backend_protocol(servers):
             return SGLANG.parse_generate_response(*a, **k)
 
     (s,) = servers(1)
-    eng = RemoteSGLangEngine(InferenceEngineConfig(setup_timeout=10), protocol=Recording())
+    eng = RemoteInferenceEngine(InferenceEngineConfig(setup_timeout=10), protocol=Recording())
     eng.initialize([s.addr])
     try:
         assert gen(eng, req(n=2)).output_tokens == [4, 5]
@@ -292,7 +292,7 @@ def test_request_fails_only_after_retries_naming_each_server(servers, engines):
 def test_initialize_names_unreachable_servers(servers):
     (s,) = servers(1)
     dead = f"{LOOPBACK}:{find_free_port()}"
-    eng = RemoteSGLangEngine(InferenceEngineConfig(setup_timeout=1.0))
+    eng = RemoteInferenceEngine(InferenceEngineConfig(setup_timeout=1.0))
     t0 = time.monotonic()
     with pytest.raises(TimeoutError) as e:
         eng.initialize([s.addr, dead])
@@ -306,7 +306,7 @@ def test_addresses_from_argument_config_and_env(monkeypatch, servers, engines):
     with pytest.raises(ValueError, match="host:port"):
         parse_addrs("nohost")
     monkeypatch.setenv("AREAL_LLM_SERVER_ADDRS", f"{a.addr},{b.addr}")
-    eng = RemoteSGLangEngine(InferenceEngineConfig(setup_timeout=5))
+    eng = RemoteInferenceEngine(InferenceEngineConfig(setup_timeout=5))
     eng.initialize()
     try:
         assert eng.addresses == [a.addr, b.addr]
@@ -314,7 +314,7 @@ def test_addresses_from_argument_config_and_env(monkeypatch, servers, engines):
         eng.destroy()
     monkeypatch.delenv("AREAL_LLM_SERVER_ADDRS")
     with pytest.raises(ValueError, match="AREAL_LLM_SERVER_ADDRS"):
-        RemoteSGLangEngine(InferenceEngineConfig()).initialize()
+        RemoteInferenceEngine(InferenceEngineConfig()).initialize()
 
 
 # --------------------------------------------------------------------------- weight updates
@@ -451,3 +451,12 @@ def test_logprob_null_is_minus_inf(servers, engines):
     s.on_generate = script
     r = gen(engines([s]), req(n=2))
     assert r.output_logprobs[0] == -math.inf
+
+
+def test_the_client_is_importable_under_the_designs_name():
+    import arealite.rollout as rollout
+    from arealite.rollout import RemoteSGLangEngine
+
+    assert RemoteSGLangEngine is RemoteInferenceEngine
+    with pytest.raises(AttributeError):
+        rollout.NoSuchEngine  # noqa: B018

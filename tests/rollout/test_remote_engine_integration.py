@@ -1,4 +1,4 @@
-"""RemoteSGLangEngine against three real embedded servers (``python -m servers.launch_server``):
+"""RemoteInferenceEngine against three real embedded servers (``python -m servers.launch_server``):
 load spreading, stickiness, a server killed mid-run, and generations cut by weight updates
 (disk, and distributed with this test as the trainer's rank 0).
 
@@ -22,7 +22,7 @@ import torch
 
 from arealite.api.config.rollout import GenerationHyperparameters, InferenceEngineConfig
 from arealite.api.io_struct import ModelRequest, ParamSpec, WeightUpdateMeta
-from arealite.rollout.remote_engine import RemoteSGLangEngine
+from arealite.rollout.remote_engine import RemoteInferenceEngine
 from arealite.utils.network import LOOPBACK, find_free_port, find_free_ports, wait_http_ok
 from tests.support.procs import kill_group, log_tail
 
@@ -79,14 +79,14 @@ def pool(tiny_model_dir):
         procs.close()
 
 
-def make_engine(addrs, **kw) -> RemoteSGLangEngine:
+def make_engine(addrs, **kw) -> RemoteInferenceEngine:
     cfg = InferenceEngineConfig(setup_timeout=30, request_timeout=120, weight_update_timeout=60, **kw)
-    eng = RemoteSGLangEngine(cfg)
+    eng = RemoteInferenceEngine(cfg)
     eng.initialize(addrs)
     return eng
 
 
-def start_all(eng: RemoteSGLangEngine, reqs: list[ModelRequest], group: int = 0):
+def start_all(eng: RemoteInferenceEngine, reqs: list[ModelRequest], group: int = 0):
     """Run the requests concurrently on the engine's loop; returns a concurrent future. The
     last ``group`` of them go as one group (``agenerate_group``: one batched call)."""
 
@@ -100,7 +100,7 @@ def start_all(eng: RemoteSGLangEngine, reqs: list[ModelRequest], group: int = 0)
     return eng.executor.run_coroutine(go())
 
 
-def run_all(eng: RemoteSGLangEngine, reqs: list[ModelRequest], timeout: float = 120):
+def run_all(eng: RemoteInferenceEngine, reqs: list[ModelRequest], timeout: float = 120):
     return start_all(eng, reqs).result(timeout)
 
 

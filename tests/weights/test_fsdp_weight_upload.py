@@ -69,9 +69,9 @@ def _trained_actor(tiny_model_dir) -> tuple[FSDPPPOActor, list[int]]:
 
 
 def _client(addr: str):
-    from arealite.rollout.remote_engine import RemoteSGLangEngine
+    from arealite.rollout.remote_engine import RemoteInferenceEngine
 
-    client = RemoteSGLangEngine(InferenceEngineConfig(
+    client = RemoteInferenceEngine(InferenceEngineConfig(
         server_addrs=[addr], setup_timeout=60, weight_update_timeout=60))
     client.initialize()
     return client

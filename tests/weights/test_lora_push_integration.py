@@ -17,7 +17,7 @@ from arealite.api.io_struct import ModelRequest, SaveLoadMeta, WeightUpdateMeta
 from arealite.api.trajectory import pad_sequences_to_tensors
 from arealite.engine.fsdp_engine import FSDPEngine
 from arealite.engine.functional import gather_logprobs
-from arealite.rollout.remote_engine import RemoteSGLangEngine
+from arealite.rollout.remote_engine import RemoteInferenceEngine
 from tests.support.fsdp_helpers import engine_config, random_trajectories
 from tests.support.procs import embedded_server
 
@@ -66,7 +66,7 @@ def test_adapter_versions_pushed_beside_each_other(tiny_model_dir, tmp_path):
     with embedded_server(str(tiny_model_dir), ["--enable-lora", "--weight-load-root",
                                                str(tmp_path), "--random-seed", "0"]) as addr:
         base = f"http://{addr}"
-        client = RemoteSGLangEngine(InferenceEngineConfig(
+        client = RemoteInferenceEngine(InferenceEngineConfig(
             setup_timeout=30, request_timeout=120, weight_update_timeout=60,
             max_head_offpolicyness=1, health_check_interval=0.2))
         client.initialize([addr])
@@ -141,7 +141,7 @@ def test_adapter_pushed_in_memory_and_with_a_pause(tiny_model_dir):
     actor = lora_engine(tiny_model_dir)
     with embedded_server(str(tiny_model_dir), ["--enable-lora", "--random-seed", "0"]) as addr:
         base = f"http://{addr}"
-        client = RemoteSGLangEngine(InferenceEngineConfig(
+        client = RemoteInferenceEngine(InferenceEngineConfig(
             setup_timeout=30, request_timeout=120, weight_update_timeout=60,
             max_head_offpolicyness=0, health_check_interval=0.2, pause_mode="abort"))
         client.initialize([addr])
@@ -203,7 +203,7 @@ def test_two_runs_share_a_server_each_with_its_own_adapters(tiny_model_dir, tmp_
         clients = {}
         try:
             for run in actors:
-                clients[run] = RemoteSGLangEngine(InferenceEngineConfig(
+                clients[run] = RemoteInferenceEngine(InferenceEngineConfig(
                     setup_timeout=30, request_timeout=120, weight_update_timeout=60,
                     max_head_offpolicyness=1, health_check_interval=0.2))
                 clients[run].initialize([addr])

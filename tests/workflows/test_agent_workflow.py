@@ -7,7 +7,7 @@ import torch
 
 from arealite.api.config.rollout import GenerationHyperparameters, InferenceEngineConfig
 from arealite.api.workflow_factory import WorkflowImportError
-from arealite.rollout.remote_engine import RemoteSGLangEngine
+from arealite.rollout.remote_engine import RemoteInferenceEngine
 from workflows.agent import AgentError, AgentWorkflow
 
 pytest.importorskip("openai")
@@ -18,7 +18,7 @@ PROXY = "arealite.agent.proxy:AgentProxy"  # the workflow names no default proxy
 
 @pytest.fixture(scope="module")
 def engine(tool_server):
-    eng = RemoteSGLangEngine(InferenceEngineConfig(setup_timeout=30, request_timeout=120))
+    eng = RemoteInferenceEngine(InferenceEngineConfig(setup_timeout=30, request_timeout=120))
     eng.initialize([tool_server])
     yield eng
     eng.destroy()

@@ -29,11 +29,11 @@ def test_counting_reward():
 
 @pytest.fixture(scope="module")
 def rollout(tiny_vl_model_dir):
-    from arealite.rollout.remote_engine import RemoteSGLangEngine
+    from arealite.rollout.remote_engine import RemoteInferenceEngine
 
     args = ["--dtype", "float32", "--random-seed", "0", "--log-level", "warning"]
     with embedded_server(str(tiny_vl_model_dir), args) as addr:
-        eng = RemoteSGLangEngine(InferenceEngineConfig(consumer_batch_size=3, request_timeout=120,
+        eng = RemoteInferenceEngine(InferenceEngineConfig(consumer_batch_size=3, request_timeout=120,
                                                        setup_timeout=60))
         eng.initialize(addr)
         try:

@@ -1,5 +1,5 @@
 """Workflows against a live embedded server (``python -m servers.launch_server``) through the
-real client (``RemoteSGLangEngine`` and its rollout executor)."""
+real client (``RemoteInferenceEngine`` and its rollout executor)."""
 
 from __future__ import annotations
 
@@ -28,11 +28,11 @@ ROWS = [{"id": 10, "question": "What is 3 + 4?", "answer": "3 + 4 = 7\n#### 7"},
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir):
-    from arealite.rollout.remote_engine import RemoteSGLangEngine
+    from arealite.rollout.remote_engine import RemoteInferenceEngine
 
     args = ["--dtype", "float32", "--weight-version", str(SERVER_VERSION), "--log-level", "warning"]
     with embedded_server(str(tiny_model_dir), args) as addr:
-        eng = RemoteSGLangEngine(InferenceEngineConfig(consumer_batch_size=2, request_timeout=120,
+        eng = RemoteInferenceEngine(InferenceEngineConfig(consumer_batch_size=2, request_timeout=120,
                                                        setup_timeout=60))
         eng.initialize(addr)
         eng.set_version(SERVER_VERSION)
