@@ -78,7 +78,7 @@ def toy_assets(tmp_path_factory) -> Path:
     import sys
 
     root = tmp_path_factory.mktemp("toy_fileroot")
-    code = ("import sys; from pathlib import Path; from arealite.trainer import main_job as m; "
+    code = ("import sys; from pathlib import Path; from arealite.demo import main_job as m; "
             "a = Path(sys.argv[1]) / 'assets'; m.build_assets(a); "
             "sys.exit(m.ensure_sft_model(a, sys.argv[1]))")
     res = subprocess.run([sys.executable, "-c", code, str(root)], cwd=Path(__file__).parents[1],
