@@ -86,6 +86,7 @@ run-agent: $(STAMP)
 # The tests run in TEST_WORKERS pytest-xdist workers, a test file per worker at a time (its
 # module fixtures, often a server, start once): an integration test spends much of its time
 # waiting on its servers and trainer, so two files at once fill the 2 cores that one leaves idle.
+# Files with a test marked `long` go first (tests/conftest.py), so the run does not end on one.
 # TEST_WORKERS=0 runs them in one process.
 TEST_WORKERS ?= 2
 test:

@@ -15,6 +15,15 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Files holding a test marked ``long`` first, each file's tests kept together and in order:
+    ``make test``'s xdist workers take whole files in this order, so the minute-long jobs start
+    early instead of ending the run on one worker while the other has nothing left."""
+    long_files = {item.path for item in items if item.get_closest_marker("long")}
+    items.sort(key=lambda item: item.path not in long_files)  # stable: the rest keep their order
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """An HF directory with the tiny Qwen2 model and its tokenizer (seed 0)."""
