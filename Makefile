@@ -83,9 +83,15 @@ run-agent: $(STAMP)
 
 # The three virtualenvs are built side by side (-j3): a clean clone's setup is mostly waiting on
 # downloads and unpacking, so this takes about the longest one's time instead of the sum.
+# The tests run in TEST_WORKERS pytest-xdist workers, a test file per worker at a time (its
+# module fixtures, often a server, start once): an integration test spends much of its time
+# waiting on its servers and trainer, so two files at once fill the 2 cores that one leaves idle.
+# Files with a test marked `long` go first (tests/conftest.py), so the run does not end on one.
+# TEST_WORKERS=0 runs them in one process.
+TEST_WORKERS ?= 2
 test:
 	$(MAKE) --no-print-directory -j3 -O $(STAMP) $(AREAL_STAMP) $(VLLM_STAMP)
-	$(PY) -m pytest -q --durations=30
+	$(PY) -m pytest -q --durations=30 -n $(TEST_WORKERS) --dist loadfile
 
 # The Slurm templates on a real one-node Slurm (root: installs and starts slurmctld, slurmd and
 # munge; deploy/slurm/local_cluster.sh), stopped again afterwards. Not part of `make test`.

@@ -8,9 +8,20 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.built_once import built_once
+
 # Several processes share 2 cores: keep torch single-threaded in tests and their children.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Files holding a test marked ``long`` first, each file's tests kept together and in order:
+    ``make test``'s xdist workers take whole files in this order, so the minute-long jobs start
+    early instead of ending the run on one worker while the other has nothing left."""
+    long_files = {item.path for item in items if item.get_closest_marker("long")}
+    items.sort(key=lambda item: item.path not in long_files)  # stable: the rest keep their order
 
 
 @pytest.fixture(scope="session")
@@ -54,8 +65,9 @@ def tool_model_dir(tiny_model_dir, tmp_path_factory) -> Path:
     """The tiny model taught to replay a calculator tool conversation and a reasoning reply."""
     from tests.support.tool_model import CONVERSATION, THINK_CONVERSATION, teach, think_template
 
-    return teach(Path(tiny_model_dir), tmp_path_factory.mktemp("tool_model"),
-                 [CONVERSATION, THINK_CONVERSATION], templates=[None, think_template()])
+    return built_once(tmp_path_factory, "tool_model", lambda out: teach(
+        Path(tiny_model_dir), out, [CONVERSATION, THINK_CONVERSATION],
+        templates=[None, think_template()]))
 
 
 @pytest.fixture(scope="session")
@@ -77,14 +89,16 @@ def toy_assets(tmp_path_factory) -> Path:
     import subprocess
     import sys
 
-    root = tmp_path_factory.mktemp("toy_fileroot")
-    code = ("import sys; from pathlib import Path; from arealite.demo import main_job as m; "
-            "a = Path(sys.argv[1]) / 'assets'; m.build_assets(a); "
-            "sys.exit(m.ensure_sft_model(a, sys.argv[1]))")
-    res = subprocess.run([sys.executable, "-c", code, str(root)], cwd=Path(__file__).parents[1],
-                         capture_output=True, text=True, timeout=600, start_new_session=True)
-    assert res.returncode == 0, f"building the toy assets failed:\n{res.stdout[-3000:]}{res.stderr[-3000:]}"
-    return root / "assets"
+    def build(root: Path) -> Path:
+        code = ("import sys; from pathlib import Path; from arealite.demo import main_job as m; "
+                "a = Path(sys.argv[1]) / 'assets'; m.build_assets(a); "
+                "sys.exit(m.ensure_sft_model(a, sys.argv[1]))")
+        res = subprocess.run([sys.executable, "-c", code, str(root)], cwd=Path(__file__).parents[1],
+                             capture_output=True, text=True, timeout=600, start_new_session=True)
+        assert res.returncode == 0, f"building the toy assets failed:\n{res.stdout[-3000:]}{res.stderr[-3000:]}"
+        return root / "assets"
+
+    return built_once(tmp_path_factory, "toy_fileroot", build)
 
 
 @pytest.fixture(scope="session")
@@ -118,6 +132,6 @@ def smollm2_dir(tmp_path_factory) -> Path:
     (about 20 s) for the server and the GRPO tests; skipped when the optional wheel is absent."""
     smollm2 = pytest.importorskip("arealite.demo.smollm2")
     try:
-        return smollm2.import_smollm2(tmp_path_factory.mktemp("smollm2"))
+        return built_once(tmp_path_factory, "smollm2", smollm2.import_smollm2)
     except FileNotFoundError as e:
         pytest.skip(str(e))

@@ -7,7 +7,7 @@ time-boxed, with its quick mode under ``--quick``): the server throughput, the c
 the weight sync (which also prints the packing efficiency), async versus sync, and any other script here that takes
 ``--quick``. Each one's headline lines (``... VALUE (target ...)``) become the figures of the
 results page, with their targets, whether each is met, the machine and the command to
-reproduce it. Also writes ``benchmarks/results/run_all[_quick].json``.
+reproduce it. Also writes ``benchmarks/results/run_all/run_all[_quick].json``.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness.paths import results_dir
 from benchmarks.harness.report import machine_info, parse_figures, render_markdown
 
 HERE = Path(__file__).resolve().parents[1]  # benchmarks/
@@ -180,7 +181,7 @@ def ablation_full_entry(r: dict[str, Any]) -> dict[str, Any] | None:
                   f"{summ['decoupled']['behave_kl']:.3f} in the decoupled runs against "
                   f"{summ['sync']['behave_kl']:.4f} in sync: how far {eta} versions of lag "
                   f"are in policy space at this learning rate")
-    about += ". Per-seed figures below; all of them in `benchmarks/results/staleness_ablation.json`."
+    about += ". Per-seed figures below; all of them in `benchmarks/results/staleness_ablation/staleness_ablation.json`."
     notes = [f"{c}: final held-out reward per seed "
              + " ".join(f"{v:.3f}" for v in x.get("finals", []))
              + f"; mean {x['mean']:.3f} ± {x['se']:.3f}; clip ratio {x.get('clip_ratio', 0):.3f}; "
@@ -217,7 +218,7 @@ def async_sections(quick: bool) -> list[tuple[str, str]]:
         else [("", "async vs sync: this run")]
     out = []
     for tag, title in tags:
-        path = HERE / "results" / f"async_vs_sync{tag}.json"
+        path = results_dir("async_vs_sync") / f"async_vs_sync{tag}.json"
         if path.is_file():
             out.append((title, async_section(json.loads(path.read_text()), path)))
     return out
@@ -315,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--render-only", action="store_true",
                     help="rewrite the page from the last run's results JSON, running nothing")
     a = ap.parse_args(argv)
-    out = HERE / "results" / f"run_all{'_quick' if a.quick else ''}.json"
+    out = results_dir("run_all") / f"run_all{'_quick' if a.quick else ''}.json"
     if a.render_only:
         if not out.is_file():
             ap.error(f"--render-only: no {out}")
@@ -349,6 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     if whole:
         results += missing_entries(results)
     write_page(a, results, machine, command, date, names)
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"date": date, "machine": machine, "command": command,
                                "results": results}, indent=1) + "\n")
     failed = [r["name"] for r in results if r["status"] not in ("ok", "missing")]
@@ -368,14 +370,14 @@ def merge_rerun(last: dict[str, Any], rerun: list[dict[str, Any]], date: str) ->
 def write_page(a: argparse.Namespace, results: list[dict[str, Any]], machine: dict[str, Any],
                command: str, date: str, names: list[str]) -> None:
     sections = async_sections(a.quick) if "async_vs_sync" in names else []
-    full = HERE / "results" / "async_vs_sync.json"
+    full = results_dir("async_vs_sync") / "async_vs_sync.json"
     full_r = json.loads(full.read_text()) if full.is_file() else None
     entry = full_run_entry(full_r) if full_r and a.quick and "async_vs_sync" in names else None
     if entry:
         i = next((k + 1 for k, r in enumerate(results) if r["name"] == "async_vs_sync"), len(results))
         results = [*results[:i], entry, *results[i:]]
     # every full ablation kept (the main job's learning rate, and any other one run), in order
-    ablations = sorted(p for p in (HERE / "results").glob("staleness_ablation*.json")
+    ablations = sorted(p for p in results_dir("staleness_ablation").glob("staleness_ablation*.json")
                        if "_quick" not in p.name)
     abl_entries = [e for p in ablations if a.quick and "staleness_ablation" in names
                    for e in [ablation_full_entry(json.loads(p.read_text()))] if e]
@@ -383,7 +385,7 @@ def write_page(a: argparse.Namespace, results: list[dict[str, Any]], machine: di
         i = next((k + 1 for k, r in enumerate(results) if r["name"] == "staleness_ablation"),
                  len(results))
         results = [*results[:i], *abl_entries, *results[i:]]
-    trl_full = HERE / "results" / "vs_trl.json"
+    trl_full = results_dir("vs_trl") / "vs_trl.json"
     if a.quick and "vs_trl" in names and trl_full.is_file():
         from benchmarks.studies.vs_trl import page_entry
 
@@ -399,8 +401,8 @@ def write_page(a: argparse.Namespace, results: list[dict[str, Any]], machine: di
         sections.append(("vLLM vs the embedded server", vllm))
     from benchmarks.studies.variants import page_section as variants_section
 
-    # the last full runs (benchmarks/results/variants[_TAG].json; quick runs are not kept)
-    for p in sorted((HERE / "results").glob("variants*.json")):
+    # the last full runs (benchmarks/results/variants/variants[_TAG].json; quick runs are not kept)
+    for p in sorted(results_dir("variants").glob("variants*.json")):
         if "quick" not in p.stem:
             sections.append((f"RL variants on the main job's task (#22): `{p.name}`", variants_section(p)))
     from benchmarks.studies.preference_from_sft import page_section as preference_section

@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     from arealite.demo.tiny import TinyModelSpec, build_tiny_model
     from arealite.demo.toy_tools import TOOLS
     from arealite.rollout.remote_engine import RemoteInferenceEngine
-    from benchmarks.micro.server_throughput import Server
+    from benchmarks.harness.server_process import Server
 
     with tempfile.TemporaryDirectory() as tmp:
         model = build_tiny_model(Path(tmp) / "model", TinyModelSpec(corpus="toy_tools"))

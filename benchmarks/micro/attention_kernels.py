@@ -22,8 +22,8 @@ for a sequence of ``L`` tokens. Peak: ``--peak-tflops`` (H100 SXM dense bf16: 98
 
 Kernels run one after another (a lent GPU is not shared); each gets a warm-up step (compilation)
 before ``--rounds`` timed ones, and its median is printed. ``--json PATH`` writes the run (rows,
-device, command) after every row; the runs kept in ``benchmarks/results/attention_kernels_gpu``
-``.json`` (a list of such runs) make the results page's section (``page_section``).
+device, command) after every row; the runs kept in ``benchmarks/results/attention_kernels/``
+``attention_kernels_gpu.json`` (a list of such runs) make the results page's section (``page_section``).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.harness.paths import results_dir
 from benchmarks.micro.trainer_step import (
     MIXES,
     Floor,
@@ -50,7 +51,7 @@ from benchmarks.micro.trainer_step import (
 
 IMPL = {"dense": "sdpa", "segments": "segments", "flex": "flex", "flash": "flash_attention_2"}
 SHAREABLE = ("segments", "flex")
-RESULT = Path(__file__).parents[1] / "results" / "attention_kernels_gpu.json"
+RESULT = results_dir("attention_kernels") / "attention_kernels_gpu.json"
 NAMES = {"dense": "dense `[T, T]` mask (sdpa)", "flex": "FlexAttention block mask (`flex`)",
          "segments": "segments (the default)", "flash": "varlen flash attention",
          "floor": "plain PyTorch floor"}

@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
         p.error("--prompts, --samples, --tokens, --prompt-len and --rounds must be >= 1")
     import tempfile
 
-    from benchmarks.micro.server_throughput import Server
+    from benchmarks.harness.server_process import Server
 
     with tempfile.TemporaryDirectory(prefix="group-generate-") as tmp:
         model = a.model_path

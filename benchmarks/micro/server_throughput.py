@@ -15,13 +15,12 @@ Prints tokens/s for each and the ratios server/one-at-a-time and server/static-b
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import random
-import subprocess
-import sys
 import tempfile
 import time
+
+from benchmarks.harness.server_process import Server
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -36,64 +35,6 @@ def workload(n: int, vocab: int, seed: int, max_len: int) -> list[tuple[list[int
         new = int(min(max_len, 8 + 10 * rng.paretovariate(1.2)))
         reqs.append((prompt, new))
     return reqs
-
-
-async def _one(session, addr: str, prompt: list[int], new: int) -> int:
-    body = {"input_ids": prompt, "return_logprob": True,
-            "sampling_params": {"max_new_tokens": new, "temperature": 1.0, "ignore_eos": True}}
-    async with session.post(f"http://{addr}/generate", json=body) as r:
-        out = await r.json()
-        return out["meta_info"]["completion_tokens"]
-
-
-async def _fire(addr: str, reqs: list[tuple[list[int], int]]) -> tuple[float, int]:
-    import aiohttp
-
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3600)) as s:
-        await _one(s, addr, [5, 6, 7], 4)  # warm-up
-        t0 = time.perf_counter()
-        counts = await asyncio.gather(*(_one(s, addr, p, m) for p, m in reqs))
-        return time.perf_counter() - t0, sum(counts)
-
-
-class Server:
-    """The embedded server in its own process group; idle (blocked) while baselines run."""
-
-    def __init__(self, model_path: str | None, *extra: str, module: str = "servers.launch_server",
-                 log_level: str = "warning") -> None:
-        """``python -m module`` on a free port; ``model_path`` None for a gateway."""
-        from servers.net import find_free_port
-
-        self.port = find_free_port()
-        self.addr = f"127.0.0.1:{self.port}"
-        self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
-        cmd = [sys.executable, "-m", module, "--port", str(self.port), "--log-level", log_level,
-               *extra]
-        if model_path is not None:
-            cmd += ["--model-path", model_path, "--num-threads", "1"]
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
-
-    def __enter__(self) -> Server:
-        from servers.net import wait_healthy
-
-        url = f"http://127.0.0.1:{self.port}/health"
-        if not wait_healthy(url, 120, alive=lambda: self.proc.poll() is None):
-            self.__exit__()
-            self.log.seek(0)
-            raise RuntimeError(f"server failed to start:\n{self.log.read()[-3000:]}")
-        return self
-
-    def run(self, reqs) -> tuple[float, int]:
-        return asyncio.run(_fire(f"127.0.0.1:{self.port}", reqs))
-
-    def __exit__(self, *exc) -> None:
-        os.killpg(self.proc.pid, 15)
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, 9)
-            self.proc.wait()
 
 
 def _sample_kwargs(new: int, pad_id: int) -> dict:

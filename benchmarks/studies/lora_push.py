@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.studies.async_vs_sync import ensure_model
+from benchmarks.harness.warm_start import ensure_model
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = str(ROOT / "configs" / "toy_grpo.yaml")

@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     from arealite.engine.fsdp_engine import FSDPEngine
     from arealite.rollout.remote_engine import RemoteInferenceEngine
     from arealite.utils.network import LOOPBACK, find_free_port, wait_http_ok
-    from benchmarks.studies.async_vs_sync import ensure_model
+    from benchmarks.harness.warm_start import ensure_model
 
     model, _ = ensure_model(Path(a.fileroot))
     work = Path(a.fileroot) / "bench-lora-push-modes"

@@ -22,7 +22,7 @@
    into the same server from disk.
 
 Prints the sampled set's sizes and the three accuracies; a full run (no ``--quick``) also writes
-``benchmarks/results/preference_from_sft.json``, which ``page_section`` renders into
+``benchmarks/results/preference_from_sft/preference_from_sft.json``, which ``page_section`` renders into
 docs/benchmarks.md (``benchmarks.harness.run_all``).
 """
 
@@ -39,12 +39,13 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness.paths import ROOT, results_dir
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 MAX_NEW_TOKENS = 10  # as configs/toy_grpo.yaml
-ROOT = Path(__file__).resolve().parents[2]
-RESULT = ROOT / "benchmarks" / "results" / "preference_from_sft.json"
+RESULT = results_dir("preference_from_sft") / "preference_from_sft.json"
 
 
 def ensure_assets(fileroot: Path) -> Path:
@@ -146,7 +147,7 @@ def run(fileroot: Path, out: Path, *, prompts: int, samples: int, steps: int, ba
     from arealite.api.io_struct import WeightUpdateMeta
     from arealite.demo.toy_math import generate_toy_math
     from arealite.rollout.remote_engine import RemoteInferenceEngine
-    from benchmarks.micro.server_throughput import Server
+    from benchmarks.harness.server_process import Server
 
     t0 = time.monotonic()
     assets = ensure_assets(fileroot)

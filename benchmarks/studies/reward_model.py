@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     from arealite.demo.toy_math import generate_toy_math
     from arealite.rollout.remote_engine import RemoteInferenceEngine
     from arealite.rollout.reward_model_client import RemoteRewardModelEngine
-    from benchmarks.micro.server_throughput import Server
+    from benchmarks.harness.server_process import Server
 
     n_seqs, prompts, n_samples, reps = (64, 8, 4, 2) if args.quick else (256, 16, 8, 3)
     with tempfile.TemporaryDirectory() as tmp:

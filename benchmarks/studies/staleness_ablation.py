@@ -24,7 +24,7 @@ PPO places around the stale behaviour policy instead. ``seed`` and the server's
 
 Prints the final held-out reward of every run, each configuration's mean and standard error
 over seeds, and the paired (same seed) difference to sync; writes
-``benchmarks/results/staleness_ablation[_quick][_lrLR].json``. ``--resume`` keeps the runs that file
+``benchmarks/results/staleness_ablation/staleness_ablation[_quick][_lrLR].json``. ``--resume`` keeps the runs that file
 already holds for the same settings and launches only the missing ones, so seeds can be added
 (``--seeds 1,2,3,4,5 --resume``) without repeating the first three.
 """
@@ -41,7 +41,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.studies.async_vs_sync import RESULTS, ROOT, ensure_model, launch_run
+from benchmarks.harness.longtail_runs import launch_run
+from benchmarks.harness.paths import ROOT, results_dir
+from benchmarks.harness.warm_start import ensure_model
 
 # configuration -> (the async_vs_sync run it builds on, its label)
 CONFIGS = {"sync": "sync", "decoupled": "async-eta4", "naive": "async-eta4-naive"}
@@ -189,7 +191,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--lr", type=float, default=None, help="learning rate (default: the main job's)")
     ap.add_argument("--eval-prompts", type=int, default=None, help="held-out prompts (default all)")
     ap.add_argument("--fileroot", default="outputs")
-    ap.add_argument("--results-dir", default=str(RESULTS))
+    ap.add_argument("--results-dir", default=str(results_dir("staleness_ablation")))
     ap.add_argument("--resume", action="store_true",
                     help="keep the runs the results file holds for these settings; run the rest")
     ap.add_argument("--verbose", action="store_true", help="stream the runs' logs")

@@ -11,7 +11,7 @@ excluded: the trainer's ``timeperf/train_elapsed``). Only the keys in ``VARIANTS
 ``--eval-prompts``) is measured every ``--eval-every`` steps. Prints two tables: accuracy at
 fixed training seconds (``--points``), which machine load bends, and at fixed step counts
 (``--step-points``), which it does not; with each run's mean 1-minute load average. Writes
-``benchmarks/results/variants[_TAG].json`` and a PNG of both curves.
+``benchmarks/results/variants/variants[_TAG].json`` and a PNG of both curves.
 
 The trainer takes one PPO minibatch per step (the main job's setting), so the policy being
 trained equals the proximal policy when the loss is computed: the ratio is 1, no clip binds,
@@ -33,11 +33,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness.paths import ROOT, results_dir
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-ROOT = Path(__file__).resolve().parents[2]
-RESULTS = ROOT / "benchmarks" / "results"
+RESULTS = results_dir("variants")
 CONFIG = ROOT / "configs" / "toy_grpo.yaml"
 MAX_NEW = "{max_new_tokens}"  # filled from the run's gconfig.max_new_tokens
 # name -> (what it is, the actor keys it sets on top of the main job's config)
@@ -402,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
         return report(a, last["runs"], meta, stem)
     from arealite.api.config.loader import load_config
     from benchmarks.harness.report import machine_info, machine_line
-    from benchmarks.studies.async_vs_sync import ensure_model
+    from benchmarks.harness.warm_start import ensure_model
 
     a.fileroot = str(Path(a.fileroot).resolve())
     if a.model_path:

@@ -15,7 +15,7 @@ seconds per step (median of ``timeperf/step``), generated tokens per second (out
 the trained samples ÷ the time those steps took), the weight-update time per step, the
 server's start-up time (launch to the trainer's first step, so it includes the trainer's own
 start) and the final sampled reward. Prints a markdown table and the ratios vLLM / embedded;
-writes ``benchmarks/results/vllm_vs_embedded[_quick].json``.
+writes ``benchmarks/results/vllm_vs_embedded/vllm_vs_embedded[_quick].json``.
 """
 
 from __future__ import annotations
@@ -31,11 +31,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness.paths import ROOT, results_dir
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-ROOT = Path(__file__).resolve().parents[2]
-RESULTS = ROOT / "benchmarks" / "results"
+RESULTS = results_dir("vllm_vs_embedded")
 CONFIG = str(ROOT / "configs" / "toy_grpo.yaml")
 RUNS = {
     "embedded-broadcast": ["launcher.server_backend=embedded", "weight_update.type=distributed"],
@@ -138,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     if vllm_python(dict(os.environ)) == sys.executable:
         print("vllm_vs_embedded: no .venv-vllm (run make setup-vllm): not run", flush=True)
         return 0
-    from benchmarks.studies.async_vs_sync import ensure_model
+    from benchmarks.harness.warm_start import ensure_model
 
     model, data = ensure_model(Path(a.fileroot))
     results = [run(name, a, model, data) for name in RUNS]

@@ -34,7 +34,7 @@ or above ``--target``. Headlines: arealite async / TRL for seconds per step (tar
 for time to target accuracy (target <= 0.5); with several seeds, each seed's ratios and the
 ratios of the means over seeds (which carry the targets: the first crossing of a noisy held-out
 curve moves by ~60% from seed to seed, on both sides). Writes
-``benchmarks/results/vs_trl[_TAG].json`` and a PNG of the accuracy curves.
+``benchmarks/results/vs_trl/vs_trl[_TAG].json`` and a PNG of the accuracy curves.
 """
 
 from __future__ import annotations
@@ -50,11 +50,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness.paths import ROOT, results_dir
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-ROOT = Path(__file__).resolve().parents[2]
-RESULTS = ROOT / "benchmarks" / "results"
+RESULTS = results_dir("vs_trl")
 CONFIGS = {"async": ROOT / "configs" / "toy_grpo.yaml", "sync": ROOT / "configs" / "toy_grpo_sync.yaml"}
 SYSTEMS = ("trl", "async", "sync")
 LABELS = {"trl": "TRL GRPOTrainer", "async": "arealite async (eta=2)", "sync": "arealite sync"}
@@ -297,7 +298,7 @@ def mean_headlines(by_seed: dict[int, dict[str, dict[str, Any]]], target: float)
 
 
 def page_entry(r: dict[str, Any]) -> dict[str, Any]:
-    """A saved full run (``benchmarks/results/vs_trl.json``) as a row group of the results page."""
+    """A saved full run (``benchmarks/results/vs_trl/vs_trl.json``) as a row group of the results page."""
     from benchmarks.harness.report import parse_figures
 
     a = r["args"]
@@ -307,7 +308,7 @@ def page_entry(r: dict[str, Any]) -> dict[str, Any]:
             "notes": [*r["table"].splitlines(), *r["headlines"]],
             "about": f"{a['prompts']} prompts x {a['samples']} samples per step, max {a['max_new_tokens']} new "
                      f"tokens, lr {a['lr']}; TRL torch threads: {a['trl_threads']}. All figures in "
-                     "`benchmarks/results/vs_trl.json`."}
+                     "`benchmarks/results/vs_trl/vs_trl.json`."}
 
 
 # --------------------------------------------------------------------------- runs
@@ -402,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     if "trl" in a.systems and not Path(a.trl_python).is_file():
         print(f"vs_trl: no TRL virtualenv at {a.trl_python}: run `make setup-trl` first", file=sys.stderr)
         return 2
-    from benchmarks.studies.async_vs_sync import ensure_model
+    from benchmarks.harness.warm_start import ensure_model
 
     model, data = ensure_model(Path(a.fileroot))
     n_train = sum(1 for line in (data / "train.jsonl").read_text().splitlines() if line.strip())

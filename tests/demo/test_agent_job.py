@@ -19,6 +19,7 @@ SFT_STOP = 0.8
 
 
 @pytest.mark.integration
+@pytest.mark.long
 def test_short_agent_job(tmp_path):
     cmd = [
         sys.executable, "-m", "arealite.cli.main", "agent-job", f"cluster.fileroot={tmp_path}",

@@ -22,6 +22,7 @@ def _metrics(path: Path) -> list[dict]:
 
 
 @pytest.mark.integration
+@pytest.mark.long
 def test_short_main_job(tmp_path, toy_assets):
     (tmp_path / "assets").symlink_to(toy_assets)  # the session's SFT warm start, built once
     cmd = [

@@ -177,6 +177,7 @@ def test_servers_and_trainer_on_different_nodes_and_a_dead_server(
     _assert_no_orphans(str(tmp_path))
 
 
+@pytest.mark.long
 def test_killed_trainer_actor_stops_everything_and_auto_recovery_resumes(
         cluster, tmp_path, tiny_model_dir):
     c = cluster[0]

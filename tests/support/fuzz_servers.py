@@ -27,7 +27,7 @@ import time
 
 import requests
 
-from benchmarks.micro.server_throughput import Server
+from benchmarks.harness.server_process import Server
 
 SERVER_ARGS = ("--context-length", "48", "--weight-group-timeout", "2", "--random-seed", "0")
 RELEASE = {"/pause_generation": ("/continue_generation", {}),

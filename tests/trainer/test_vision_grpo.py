@@ -47,6 +47,7 @@ def blind_accuracy(rows: list[dict]) -> float:
 
 
 @pytest.mark.integration
+@pytest.mark.long
 def test_short_vision_sft_then_grpo(tmp_path: Path, tiny_vl_model_dir):
     # the job's task at its size (3000 training scenes; 100 held out), so SFT generalises
     task = tmp_path / "toy_vision"

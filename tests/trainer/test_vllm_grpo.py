@@ -32,6 +32,7 @@ def first_traceback(fileroot: Path) -> str:
     return "\n".join(lines[max(0, start - 5):start + 40])
 
 
+@pytest.mark.long
 @pytest.mark.timeout(900)
 def test_async_grpo_on_vllm_reward_rises(toy_assets, tmp_path):
     cmd = [sys.executable, "-m", "arealite.cli.main", "train", "configs/toy_grpo.yaml",

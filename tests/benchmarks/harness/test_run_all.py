@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from benchmarks.harness import run_all
+from benchmarks.harness.paths import results_dir
 from benchmarks.harness.report import render_markdown
 from benchmarks.harness.rl_metrics import compare, markdown_table, phase_table
 
@@ -37,14 +38,14 @@ def test_async_section(tmp_path):
         "machine_use": {"sync": {"load_1m": 1.2, "cores": {"server": 0.3}}},
         "explanation": ["first reason", "second reason"],
     }
-    path = run_all.ROOT / "benchmarks" / "results" / "async_vs_sync_example.json"
+    path = results_dir("async_vs_sync") / "async_vs_sync_example.json"
     text = run_all.async_section(result, path)
-    assert "`benchmarks/results/async_vs_sync_example.json`" in text
+    assert "`benchmarks/results/async_vs_sync/async_vs_sync_example.json`" in text
     assert "10 steps per run, 16 prompts x 8 samples" in text and "128 tokens past EOS" in text
     assert markdown_table(runs) in text
     assert "Headline: async-eta4 is 1.43x faster than sync" in text
     assert "decoupled loss 0.780 (0.97 of sync), naive PPO 0.600 (0.75 of sync), sync 0.800" in text
-    assert "`benchmarks/results/async_vs_sync_example.png`" in text
+    assert "`benchmarks/results/async_vs_sync/async_vs_sync_example.png`" in text
     assert "sync 1.2" in text
     assert text.endswith("- first reason\n- second reason")
 

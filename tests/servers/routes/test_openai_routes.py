@@ -121,8 +121,11 @@ def test_stop_strings_trim_the_text_streamed_or_not(client):
     assert c.message.content == '<tool_call>\n{"name": "' and c.message.tool_calls is None
     chunks = list(client.chat.completions.create(stream=True, **kw))
     assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == ""
-    # without tools (another prompt, other text): a stop string cut out of the stream too
-    plain = dict(kw, tools=None, stop=None)
+    # without tools (another prompt, other text): a stop string cut out of the stream too. The
+    # stop string is taken from what the model says, and the model is made to say 8 tokens
+    # whatever it learnt (ignore_eos; special tokens kept as text), so there is text to cut.
+    plain = dict(kw, tools=None, stop=None, max_tokens=8,
+                 extra_body={"ignore_eos": True, "skip_special_tokens": False})
     text = client.chat.completions.create(**plain).choices[0].message.content
     assert len(text) >= 3
     plain["stop"] = [text[1:3]]
