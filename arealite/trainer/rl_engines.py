@@ -211,22 +211,22 @@ def ppo_update(e: RLEngines, batch: dict[str, Any]) -> dict[str, float]:
 
 
 def sync_weights(e: RLEngines, version: int) -> None:
-    """Pause the rollout, push the new weights as ``version``, resume."""
+    """Pause the rollout, push the new weights as ``version``, resume; then the consistency
+    gate when it is due (its own phase, ``timeperf/consistency_gate``)."""
     with timer("weight_sync"):
         if e.colocated is not None:  # the servers get their memory back first
             e.colocated.resume()
         e.rollout.pause()
         push_to_servers(e, version)
         e.rollout.resume()
+    if e.gate is not None and e.gate.due_after_push():  # timed apart from the push
+        check_consistency(e, version)
 
 
 def push_to_servers(e: RLEngines, version: int) -> None:
-    """The servers to the actor's weights as ``version`` (every rank; collective), then the
-    consistency gate when it is due."""
+    """The servers to the actor's weights as ``version`` (every rank; collective)."""
     push_weights(e.actor, e.rollout, e.pushes.meta(version, e.actor), e.rank,
                  e.pushes.wu.timeout, e.pushes.wu.retries)
-    if e.gate is not None and e.gate.due_after_push():
-        check_consistency(e, version)
 
 
 def check_consistency(e: RLEngines, version: int) -> None:

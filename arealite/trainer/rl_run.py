@@ -115,9 +115,9 @@ def recover_or_start(config: GRPOConfig, e: RLEngines) -> RLRun:
         start_step, version = info.step + 1, info.version
         e.rollout.restore(version)
     e.start()
-    if info is not None:  # servers may hold other weights after a crash (the gate follows)
+    if info is not None:  # servers may hold other weights after a crash
         push_to_servers(e, version)
-    elif e.gate is not None:  # step 0: the servers' own load of the initial weights
+    if e.gate is not None:  # step 0 (or the restart): what the servers sample from now
         check_consistency(e, version)
     kept = start_step if info else None  # the last logged step kept from the earlier run
     logger = StatsLogger(config.stats_logger, config.run_dir("logs"), total_steps=e.total_steps,
