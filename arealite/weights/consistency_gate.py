@@ -122,6 +122,17 @@ def probe_server(
         return None, f"/generate: unexpected answer ({type(e).__name__}: {e})"
 
 
+def _logit_chunks(logits: Any, temperature: float, chunk: int = 1024):
+    """``(rows, fp32 logits / temperature)`` a chunk of rows at a time: from dense logits, or
+    from the fused LM head's ``HeadInput`` (its ``chunks``), which has no ``[T, V]`` tensor."""
+    if not isinstance(logits, torch.Tensor):
+        yield from logits.chunks(temperature)
+        return
+    for i in range(0, logits.shape[0], chunk):
+        sl = slice(i, min(i + chunk, logits.shape[0]))
+        yield sl, logits[sl].float() / temperature
+
+
 def trainer_view(
     engine: TrainEngine, answers: list[ProbeAnswer], temperature: float, k: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -137,11 +148,15 @@ def trainer_view(
             probe[i, n_p : n_p + len(a.top_ids)] = torch.tensor(a.top_ids, dtype=torch.long)
     data["probe_ids"] = probe
 
-    def hook(logits: torch.Tensor, mb: dict[str, torch.Tensor]) -> torch.Tensor:
+    def hook(logits: Any, mb: dict[str, torch.Tensor]) -> torch.Tensor:
         # next-token aligned: logits[i] predicts token i + 1, and packing shifted probe_ids
-        logp = torch.log_softmax(logits.float() / temperature, dim=-1)
-        picked = logp.gather(-1, mb["probe_ids"].long())
-        return torch.cat([picked, logp.argmax(-1, keepdim=True).float()], dim=-1)
+        ids = mb["probe_ids"].long()
+        out = torch.empty(ids.shape[0], k + 1, dtype=torch.float32, device=ids.device)
+        for sl, z in _logit_chunks(logits, temperature):
+            logp = torch.log_softmax(z, dim=-1)
+            out[sl, :k] = logp.gather(-1, ids[sl])
+            out[sl, k] = logp.argmax(-1).float()
+        return out
 
     out = engine.forward(data, post_hook=hook)  # [B, width, k + 1]
     lps, arg = [], []

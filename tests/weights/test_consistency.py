@@ -122,3 +122,19 @@ def test_a_token_the_server_gives_no_mass_adds_nothing():
     s = torch.tensor([[0.0, float("-inf")]], dtype=torch.float64)
     t = torch.tensor([[-1e-9, float("-inf")]], dtype=torch.float64)
     assert float(topk_tail_kl(s, t)[0]) == pytest.approx(0.0, abs=1e-8)
+
+
+def test_logit_chunks_read_dense_logits_and_a_fused_head_alike():
+    from arealite.weights.consistency_gate import _logit_chunks
+
+    g = torch.Generator().manual_seed(0)
+    hidden, weight = torch.randn(5, 3, generator=g), torch.randn(7, 3, generator=g)
+
+    class Head:  # the fused LM head's HeadInput: hidden states and weight, logits by chunks
+        def chunks(self, temperature):
+            for i in range(0, 5, 2):
+                yield slice(i, min(i + 2, 5)), (hidden[i:i + 2] @ weight.t()) / temperature
+
+    dense = torch.cat([z for _, z in _logit_chunks(hidden @ weight.t(), 0.5, chunk=3)])
+    fused = torch.cat([z for _, z in _logit_chunks(Head(), 0.5)])
+    assert torch.allclose(dense, fused) and dense.shape == (5, 7)
