@@ -32,12 +32,24 @@ from benchmarks.gpu_check.device_info import copy_seconds
 
 ROOT = Path(__file__).resolve().parents[2]
 # ~180M parameters: big enough that weights, not the CUDA context, dominate the memory figures
-CUDA_SPEC = dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=16,
-                 num_attention_heads=16, num_key_value_heads=4)
-CUDA_ARGS = ["device=cuda", "dist_backend=nccl", "servers.device=cuda", "servers.dtype=bfloat16",
-             "launcher.gpus_per_server=1", "actor.mixed_precision.param_dtype=bfloat16",
-             "sft.device=cuda", "sft.dist_backend=nccl",
-             "sft.model.mixed_precision.param_dtype=bfloat16"]
+CUDA_SPEC = dict(
+    hidden_size=1024,
+    intermediate_size=2816,
+    num_hidden_layers=16,
+    num_attention_heads=16,
+    num_key_value_heads=4,
+)
+CUDA_ARGS = [
+    "device=cuda",
+    "dist_backend=nccl",
+    "servers.device=cuda",
+    "servers.dtype=bfloat16",
+    "launcher.gpus_per_server=1",
+    "actor.mixed_precision.param_dtype=bfloat16",
+    "sft.device=cuda",
+    "sft.dist_backend=nccl",
+    "sft.model.mixed_precision.param_dtype=bfloat16",
+]
 
 
 def build_assets(assets: Path, device: str, quick: bool) -> None:
@@ -49,10 +61,16 @@ def build_assets(assets: Path, device: str, quick: bool) -> None:
 
 
 def job_command(fileroot: Path, device: str, quick: bool, steps: int, sft_steps: int) -> list[str]:
-    args = [f"cluster.fileroot={fileroot}", "trial_name=gpu_check", f"total_train_steps={steps}",
-            f"evaluator.freq_steps={steps}", "evaluator.max_prompts=64",
-            "launcher.colocate=true", "weight_update.consistency.every=1",
-            f"sft.total_train_steps={sft_steps}"]
+    args = [
+        f"cluster.fileroot={fileroot}",
+        "trial_name=gpu_check",
+        f"total_train_steps={steps}",
+        f"evaluator.freq_steps={steps}",
+        "evaluator.max_prompts=64",
+        "launcher.colocate=true",
+        "weight_update.consistency.every=1",
+        f"sft.total_train_steps={sft_steps}",
+    ]
     if device == "cuda":
         args += CUDA_ARGS
     return [sys.executable, "-m", "arealite.cli.main", "main-job", *args]
@@ -67,11 +85,15 @@ def summarize(rows: list[dict], push_bytes: int, copy_s: float | None) -> dict:
     """The figures of one run's metrics rows (step 0: the initial evaluation)."""
     steps = [r for r in rows if r.get("step", 0) >= 1]
     acc = [(r["step"], r["eval/accuracy"]) for r in rows if "eval/accuracy" in r]
-    phases = sorted({k for r in steps for k in r if k.startswith("timeperf/")} - {"timeperf/train_elapsed"})
-    out: dict = {"steps": len(steps),
-                 "seconds_per_step": {k.split("/", 1)[1]: _mean(steps, k) for k in phases},
-                 "accuracy_start": acc[0][1] if acc else None,
-                 "accuracy_end": acc[-1][1] if len(acc) > 1 else None}
+    phases = sorted(
+        {k for r in steps for k in r if k.startswith("timeperf/")} - {"timeperf/train_elapsed"}
+    )
+    out: dict = {
+        "steps": len(steps),
+        "seconds_per_step": {k.split("/", 1)[1]: _mean(steps, k) for k in phases},
+        "accuracy_start": acc[0][1] if acc else None,
+        "accuracy_end": acc[-1][1] if len(acc) > 1 else None,
+    }
     mem = {}
     for t in ("release_servers", "resume_servers", "offload_actor", "onload_actor"):
         for kind in ("freed_mib", "device_freed_mib", "device_used_before_mib"):
@@ -80,16 +102,31 @@ def summarize(rows: list[dict], push_bytes: int, copy_s: float | None) -> dict:
                 mem[f"{t}_{kind}"] = v
     if mem.get("release_servers_device_used_before_mib"):
         mem["release_share_of_used"] = round(
-            mem["release_servers_device_freed_mib"] / mem["release_servers_device_used_before_mib"], 3)
+            mem["release_servers_device_freed_mib"] / mem["release_servers_device_used_before_mib"],
+            3,
+        )
     out["memory"] = mem
     push = _mean(steps, "timeperf/weight_upload")
-    out["push"] = {"bytes": push_bytes, "upload_s": push, "copy_s": copy_s,
-                   "upload_over_copy": round(push / copy_s, 2) if push and copy_s else None}
-    gate = [{"step": r["step"], **{k.split("/", 1)[1]: r[k] for k in r if k.startswith("consistency/")}}
-            for r in steps if any(k.startswith("consistency/") for k in r)]
+    out["push"] = {
+        "bytes": push_bytes,
+        "upload_s": push,
+        "copy_s": copy_s,
+        "upload_over_copy": round(push / copy_s, 2) if push and copy_s else None,
+    }
+    gate = [
+        {"step": r["step"], **{k.split("/", 1)[1]: r[k] for k in r if k.startswith("consistency/")}}
+        for r in steps
+        if any(k.startswith("consistency/") for k in r)
+    ]
     out["gate"] = gate  # step 1's row holds the worst of the step-0 check and step 1's push
-    out["sampled_logprob_gap_max"] = max((r["logprob_agreement/max_abs_diff"] for r in steps
-                                          if "logprob_agreement/max_abs_diff" in r), default=None)
+    out["sampled_logprob_gap_max"] = max(
+        (
+            r["logprob_agreement/max_abs_diff"]
+            for r in steps
+            if "logprob_agreement/max_abs_diff" in r
+        ),
+        default=None,
+    )
     return out
 
 
@@ -104,14 +141,19 @@ def model_bytes(model_dir: Path, device: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--device", choices=["cuda", "cpu"], required=True)
     ap.add_argument("--quick", action="store_true", help="tiny model, 2 steps")
     ap.add_argument("--steps", type=int, default=None, help="GRPO steps (20; quick: 2)")
     ap.add_argument("--sft-steps", type=int, default=150, help="SFT warm start's step limit")
-    ap.add_argument("--assets", default=None, help="reuse a main job's assets folder "
-                    "(tiny model, toy task, SFT warm start) instead of building them")
+    ap.add_argument(
+        "--assets",
+        default=None,
+        help="reuse a main job's assets folder "
+        "(tiny model, toy task, SFT warm start) instead of building them",
+    )
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     steps = a.steps or (2 if a.quick else 20)
@@ -127,10 +169,16 @@ def main(argv: list[str] | None = None) -> int:
         code = subprocess.run(cmd, cwd=ROOT).returncode
         wall = time.monotonic() - t0
         metrics = root / "toy-grpo" / "gpu_check" / "logs" / "metrics.jsonl"
-        rows = ([json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
-                if metrics.is_file() else [])
-        nbytes = model_bytes(root / "assets" / "sft_model", a.device) \
-            if (root / "assets" / "sft_model" / "config.json").is_file() else 0
+        rows = (
+            [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
+            if metrics.is_file()
+            else []
+        )
+        nbytes = (
+            model_bytes(root / "assets" / "sft_model", a.device)
+            if (root / "assets" / "sft_model" / "config.json").is_file()
+            else 0
+        )
         copy_s = copy_seconds(nbytes, a.device) if nbytes else None
     res = {"exit": code, "wall_s": round(wall, 1), **summarize(rows, nbytes, copy_s)}
     print(json.dumps(res, indent=1), flush=True)

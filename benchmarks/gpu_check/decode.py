@@ -6,7 +6,7 @@ On CUDA the model has Qwen2-0.5B's shape (896 wide, 24 layers, 14 heads over 2 K
 151,936-token vocabulary, tied embeddings), built from a config with random weights (nothing is
 downloaded), served in bf16 with ``--skip-tokenizer-init`` (its tokens are random ids). Each
 batch is b requests of a 32-token prompt and exactly ``--new`` generated tokens
-(``ignore_eos``), sent at once; each method's best of two rounds counts. The bound:
+(``ignore_eos``), sent at once; each method's best of two rounds counts (one with ``--quick``). The bound:
 ``b * bandwidth / weight_bytes`` tokens/s (one read of every weight per step, KV cache ignored),
 with the bandwidth measured here (``device_info.copy_bandwidth``).
 
@@ -27,9 +27,16 @@ from benchmarks.gpu_check.device_info import copy_bandwidth
 from benchmarks.harness.server_process import Server
 
 BATCHES = (1, 16, 64)
-QWEN2_05B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                 num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
-                 max_position_embeddings=4096, tie_word_embeddings=True)
+QWEN2_05B = dict(
+    hidden_size=896,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    vocab_size=151936,
+    max_position_embeddings=4096,
+    tie_word_embeddings=True,
+)
 
 
 def build_model(out: Path, device: str, quick: bool) -> Path:
@@ -62,11 +69,26 @@ def hf_static_batch(model, reqs: list[tuple[list[int], int]], device: str) -> tu
 
     ids = torch.tensor([p for p, _ in reqs], device=device)
     new = reqs[0][1]
-    kw = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=new,
-              min_new_tokens=new, pad_token_id=0, attention_mask=torch.ones_like(ids))
+    kw = dict(
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        max_new_tokens=new,
+        min_new_tokens=new,
+        pad_token_id=0,
+        attention_mask=torch.ones_like(ids),
+    )
     with torch.inference_mode():
-        model.generate(ids[:1], **{**kw, "max_new_tokens": 2, "min_new_tokens": 2,
-                                   "attention_mask": kw["attention_mask"][:1]})  # warm-up
+        model.generate(
+            ids[:1],
+            **{
+                **kw,
+                "max_new_tokens": 2,
+                "min_new_tokens": 2,
+                "attention_mask": kw["attention_mask"][:1],
+            },
+        )  # warm-up
         if device == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -77,6 +99,7 @@ def hf_static_batch(model, reqs: list[tuple[list[int], int]], device: str) -> tu
 
 
 def measure(device: str, quick: bool, new: int) -> dict:
+    rounds = 1 if quick else 2
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -88,31 +111,53 @@ def measure(device: str, quick: bool, new: int) -> dict:
         weight_bytes = params * (2 if dtype == torch.bfloat16 else 4)
         bw = copy_bandwidth(device, (64 if device == "cpu" or quick else 1024) * 2**20)
         vocab = model.config.vocab_size if device == "cuda" else 300
-        flags = ["--device", device, "--dtype", "bfloat16" if device == "cuda" else "float32",
-                 "--skip-tokenizer-init", "--max-running-requests", str(max(BATCHES))]
+        flags = [
+            "--device",
+            device,
+            "--dtype",
+            "bfloat16" if device == "cuda" else "float32",
+            "--skip-tokenizer-init",
+            "--max-running-requests",
+            str(max(BATCHES)),
+        ]
         rows = []
         with Server(str(path), *flags) as server:
             for b in BATCHES:
                 reqs = workload(b, vocab, new, seed=b)
-                srv = min((server.run(reqs) for _ in range(2)), key=lambda r: r[0])
-                hf = min((hf_static_batch(model, reqs, device) for _ in range(2)),
-                         key=lambda r: r[0])
+                srv = min((server.run(reqs) for _ in range(rounds)), key=lambda r: r[0])
+                hf = min(
+                    (hf_static_batch(model, reqs, device) for _ in range(rounds)),
+                    key=lambda r: r[0],
+                )
                 bound = b * bw / weight_bytes
-                row = {"batch": b, "server_tok_s": srv[1] / srv[0], "hf_static_tok_s": hf[1] / hf[0],
-                       "bound_tok_s": bound}
+                row = {
+                    "batch": b,
+                    "server_tok_s": srv[1] / srv[0],
+                    "hf_static_tok_s": hf[1] / hf[0],
+                    "bound_tok_s": bound,
+                }
                 row["server_over_hf"] = row["server_tok_s"] / row["hf_static_tok_s"]
                 row["server_share_of_bound"] = row["server_tok_s"] / bound
                 rows.append({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()})
-                print(f"batch {b:>3}: server {row['server_tok_s']:9.1f} tok/s, HF static batch "
-                      f"{row['hf_static_tok_s']:9.1f} tok/s ({row['server_over_hf']:.2f}x), bound "
-                      f"{bound:9.1f} tok/s (server at {row['server_share_of_bound']:.1%})", flush=True)
-    return {"params": params, "weight_mib": round(weight_bytes / 2**20, 1),
-            "copy_gb_s": round(bw / 1e9, 1), "new_tokens": new, "rows": rows}
+                print(
+                    f"batch {b:>3}: server {row['server_tok_s']:9.1f} tok/s, HF static batch "
+                    f"{row['hf_static_tok_s']:9.1f} tok/s ({row['server_over_hf']:.2f}x), bound "
+                    f"{bound:9.1f} tok/s (server at {row['server_share_of_bound']:.1%})",
+                    flush=True,
+                )
+    return {
+        "params": params,
+        "weight_mib": round(weight_bytes / 2**20, 1),
+        "copy_gb_s": round(bw / 1e9, 1),
+        "new_tokens": new,
+        "rows": rows,
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--device", choices=["cuda", "cpu"], required=True)
     ap.add_argument("--quick", action="store_true", help="the tiny model, 8 tokens")
     ap.add_argument("--new", type=int, default=None, help="tokens per request (128; quick: 8)")

@@ -41,13 +41,21 @@ def info(device: str, quick: bool) -> dict:
     import torch
     import transformers
 
-    out: dict = {"torch": torch.__version__, "transformers": transformers.__version__,
-                 "python": platform.python_version(), "device": device}
+    out: dict = {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "device": device,
+    }
     nbytes = (64 if quick or device == "cpu" else 1024) * 2**20
     if device == "cuda":
         p = torch.cuda.get_device_properties(0)
-        out.update(name=p.name, total_mib=p.total_memory // 2**20, sms=p.multi_processor_count,
-                   cuda=torch.version.cuda)
+        out.update(
+            name=p.name,
+            total_mib=p.total_memory // 2**20,
+            sms=p.multi_processor_count,
+            cuda=torch.version.cuda,
+        )
         n = 4096 if quick else 8192
         a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
         a @ a

@@ -18,13 +18,22 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 WHEELS = Path(__file__).with_name("wheels.txt")
-PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64",
-             "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64"]
+PLATFORMS = [
+    "manylinux_2_28_x86_64",
+    "manylinux_2_27_x86_64",
+    "manylinux_2_24_x86_64",
+    "manylinux_2_17_x86_64",
+    "manylinux2014_x86_64",
+    "manylinux1_x86_64",
+]
 
 
 def pinned() -> list[str]:
-    return [ln.split("#")[0].strip() for ln in WHEELS.read_text().splitlines()
-            if ln.split("#")[0].strip()]
+    return [
+        ln.split("#")[0].strip()
+        for ln in WHEELS.read_text().splitlines()
+        if ln.split("#")[0].strip()
+    ]
 
 
 def have(dest: Path, spec: str) -> bool:
@@ -38,16 +47,35 @@ def download(dest: Path, specs: list[str]) -> int:
     if not missing:
         return 0
     plat = [x for p in PLATFORMS for x in ("--platform", p)]
-    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-           "--python-version", "3.12", "--implementation", "cp", *plat, "-d", str(dest), *missing]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "-q",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--python-version",
+        "3.12",
+        "--implementation",
+        "cp",
+        *plat,
+        "-d",
+        str(dest),
+        *missing,
+    ]
     print(" ".join(cmd), flush=True)
     return subprocess.run(cmd).returncode
 
 
 def tree_bytes() -> int:
     """Bytes of the files a device call sends: tracked, plus untracked files git does not ignore."""
-    out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                         cwd=ROOT, capture_output=True, check=True).stdout
+    out = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    ).stdout
     total = 0
     for name in out.decode().split("\0"):
         p = ROOT / name
@@ -57,8 +85,9 @@ def tree_bytes() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--dest", default=str(ROOT / ".whl"))
     ap.add_argument("--limit-mib", type=float, default=64.0)
     a = ap.parse_args(argv)
@@ -72,8 +101,10 @@ def main(argv: list[str] | None = None) -> int:
     wheels = sum(w.stat().st_size for w in dest.glob("*.whl"))
     tree = tree_bytes()
     total = (wheels + tree) / 2**20
-    print(f"wheels {len(specs) - len(absent)}/{len(specs)} in {dest}: {wheels / 2**20:.1f} MiB; "
-          f"tree {tree / 2**20:.1f} MiB; together {total:.1f} MiB of {a.limit_mib:g}")
+    print(
+        f"wheels {len(specs) - len(absent)}/{len(specs)} in {dest}: {wheels / 2**20:.1f} MiB; "
+        f"tree {tree / 2**20:.1f} MiB; together {total:.1f} MiB of {a.limit_mib:g}"
+    )
     if absent:
         print(f"gpu_check prepare: missing {absent}", file=sys.stderr)
     if total > a.limit_mib:
