@@ -4,9 +4,11 @@ weights pushed by reference (``weight_update.type: tensor``, CUDA IPC on a GPU),
 memory released and resumed around every training phase, the consistency gate after every push.
 
 On CUDA the model is a ~180M-parameter Qwen2 (1024 wide, 16 layers) built from a config,
-warm-started by SFT on the toy task (at most ``--sft-steps``), then ``--steps`` GRPO steps;
+warm-started by SFT on the toy task (at most ``--sft-steps``), then ``--steps`` GRPO steps
+(fewer when 120 s of training run out: ``total_train_seconds``);
 the server runs bf16, the trainer bf16 compute over fp32 master weights. ``--device cpu
---quick``: the tiny model, two steps, the main job's own SFT warm start.
+--quick``: the tiny model, two steps, the main job's SFT warm start (``outputs/assets`` when
+``make run`` built it, else at most 60 SFT steps).
 
 Figures (from the run's ``metrics.jsonl``): seconds per step by phase; the device memory the
 server's release freed and its resume took back, against what was in use before the release,
@@ -147,7 +149,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", choices=["cuda", "cpu"], required=True)
     ap.add_argument("--quick", action="store_true", help="tiny model, 2 steps")
     ap.add_argument("--steps", type=int, default=None, help="GRPO steps (20; quick: 2)")
-    ap.add_argument("--sft-steps", type=int, default=150, help="SFT warm start's step limit")
+    ap.add_argument(
+        "--sft-steps",
+        type=int,
+        default=None,
+        help="SFT warm start's step limit "
+        "(300; quick: 60; it stops earlier at the main job's held-out accuracy)",
+    )
     ap.add_argument(
         "--assets",
         default=None,
@@ -157,13 +165,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     steps = a.steps or (2 if a.quick else 20)
+    sft_steps = a.sft_steps or (60 if a.quick else 300)
+    built = ROOT / "outputs" / "assets"  # `make run`'s, reused by the CPU form as the studies do
+    if a.assets is None and a.device == "cpu" and (built / "sft_model" / "config.json").is_file():
+        a.assets = str(built)
     with tempfile.TemporaryDirectory(prefix="gpu_check_colo_") as d:
         root = Path(d)
         if a.assets:
             (root / "assets").symlink_to(Path(a.assets).resolve())
         else:
             build_assets(root / "assets", a.device, a.quick)
-        cmd = job_command(root, a.device, a.quick, steps, a.sft_steps)
+        cmd = job_command(root, a.device, a.quick, steps, sft_steps)
         print(" ".join(cmd), flush=True)
         t0 = time.monotonic()
         code = subprocess.run(cmd, cwd=ROOT).returncode
@@ -184,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(res, indent=1), flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1))
-    return 0 if code == 0 and res["steps"] == steps else 1
+    return 0 if code == 0 and res["steps"] >= 1 else 1
 
 
 if __name__ == "__main__":
