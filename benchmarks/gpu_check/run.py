@@ -137,8 +137,14 @@ def run_part(part: Part, cmd: list[str], limit: int, work: Path, log) -> dict:
         if rc != 0:
             status = "failed"
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        rc = proc.wait()
+        # SIGTERM first: a launcher stops the servers and trainers it started in their own
+        # sessions (out of this group), which would otherwise hold the device for the next part
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            rc = proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            rc = proc.wait()
         status = "timeout"
     secs = time.monotonic() - t0
     res: dict = {"status": status, "rc": rc, "seconds": round(secs, 1), "limit_s": limit}

@@ -133,7 +133,7 @@ def test_logit_chunks_read_dense_logits_and_a_fused_head_alike():
     class Head:  # the fused LM head's HeadInput: hidden states and weight, logits by chunks
         def chunks(self, temperature):
             for i in range(0, 5, 2):
-                yield slice(i, min(i + 2, 5)), (hidden[i:i + 2] @ weight.t()) / temperature
+                yield slice(i, min(i + 2, 5)), (hidden[i : i + 2] @ weight.t()) / temperature
 
     dense = torch.cat([z for _, z in _logit_chunks(hidden @ weight.t(), 0.5, chunk=3)])
     fused = torch.cat([z for _, z in _logit_chunks(Head(), 0.5)])
