@@ -192,7 +192,18 @@ def main(argv: list[str] | None = None) -> int:
             else 0
         )
         copy_s = copy_seconds(nbytes, a.device) if nbytes else None
-    res = {"exit": code, "wall_s": round(wall, 1), **summarize(rows, nbytes, copy_s)}
+        # each check's own line (v0: step 0), as the trainer logged it
+        tlog = metrics.with_name("trainer.log")
+        text = tlog.read_text().splitlines() if tlog.is_file() else []
+        checks = [
+            ln.split("consistency_gate: ", 1)[-1] for ln in text if "consistency gate" in ln.lower()
+        ]
+    res = {
+        "exit": code,
+        "wall_s": round(wall, 1),
+        **summarize(rows, nbytes, copy_s),
+        "gate_checks": checks[:30],
+    }
     print(json.dumps(res, indent=1), flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1))
