@@ -48,9 +48,13 @@ CUDA_ARGS = [
     "servers.dtype=bfloat16",
     "launcher.gpus_per_server=1",
     "actor.mixed_precision.param_dtype=bfloat16",
+    # the bf16 servers' checksums against the trainer's fp32 weights cast as the servers cast them
+    "weight_update.checksum_dtype=bfloat16",
     "sft.device=cuda",
     "sft.dist_backend=nccl",
     "sft.model.mixed_precision.param_dtype=bfloat16",
+    # the GRPO steps end early rather than the part's time limit ending the job
+    "total_train_seconds=120",
 ]
 
 
