@@ -21,7 +21,10 @@ once (``arealite.engine.prefix_pack``); the logits are expanded back to the ordi
 layout, so loss functions see no difference. Loss
 functions receive ``(logits [T, V], packed_mb)`` where the packed dict is in next-token
 alignment: ``logits[i]`` predicts ``labels[i]`` and ``loss_mask[i]``, ``logprobs[i]``, ... refer
-to that same token (see ``arealite.engine.packing``).
+to that same token (see ``arealite.engine.packing``). With ``logprob_head: fused`` (the
+default) a causal LM's "logits" are a ``HeadInput`` (``arealite.engine.lm_head``): the final
+hidden states and the head weight, which ``arealite.engine.functional`` turns into log-probs
+and entropy chunk by chunk without a ``[T, V]`` tensor.
 """
 
 from __future__ import annotations
@@ -48,7 +51,8 @@ from arealite.api.trajectory import TensorDict
 from arealite.engine import checkpoint as ckpt
 from arealite.engine import lora, segment_attention
 from arealite.engine.attn_impl import LAYOUT_IMPLS, resolve_attn_impl
-from arealite.engine.functional import gather_logprobs
+from arealite.engine.functional import gather_logprobs, zero_loss
+from arealite.engine.lm_head import HeadInput, capture_head, supports_fused_head
 from arealite.engine.packing import (
     MicroBatchList,
     block_causal_mask,
@@ -115,6 +119,7 @@ class FSDPEngine(TrainEngine):
         # rows i*g .. i*g+g-1 share a prompt: kept in one micro-batch, prefix computed once
         self.prefix_group_size = 1
         self.sharded = True  # FSDP2-wrapped (see initialize)
+        self._fused_head = False  # loss functions see a HeadInput (see initialize)
 
     # ------------------------------------------------------------------ set-up
 
@@ -184,8 +189,17 @@ class FSDPEngine(TrainEngine):
         load_full_state_dict(model, full)
         del full
         self.model = model
+        self._fused_head = self._use_fused_head(model)
         self._build_optimizer(ft_spec)
         self._uploader = DistributedUploader(self.backend, self.device)
+
+    def _use_fused_head(self, model: torch.nn.Module) -> bool:
+        if self.config.logprob_head != "fused" or self.model_kind != "causal_lm":
+            return False
+        why = supports_fused_head(model)
+        if why is not None:
+            logger.warning("logprob_head=fused: using the dense head, %s", why)
+        return why is None
 
     def _wrap_lora(self, model: torch.nn.Module, full: dict[str, torch.Tensor]):
         """The peft model (adapters on the configured modules, base frozen) and the full state
@@ -278,9 +292,24 @@ class FSDPEngine(TrainEngine):
         p["segment_layout"] = layout
         return p
 
-    def model_forward(self, packed: TensorDict) -> torch.Tensor:
-        """Logits ``[T, V]`` of one packed micro-batch (sequences never attend to each other)."""
+    @property
+    def fuses_head(self) -> bool:
+        """Loss functions get a ``HeadInput`` instead of logits (``logprob_head: fused``)."""
+        return self.model_kind == "causal_lm" and self._fused_head
+
+    def model_forward(self, packed: TensorDict) -> torch.Tensor | HeadInput:
+        """Logits ``[T, V]`` of one packed micro-batch (sequences never attend to each other),
+        or, with the fused head, the ``HeadInput`` they would come from (no ``[T, V]``)."""
         model = self._check_ready()
+        if not self.fuses_head:
+            return self._model_forward(model, packed)
+        with capture_head(model, self.config.logprob_chunk_size) as box:
+            hidden = self._model_forward(model, packed)
+        head = box["head"]
+        head.hidden = hidden  # [T, H], after expand_index like logits would be
+        return head
+
+    def _model_forward(self, model: torch.nn.Module, packed: TensorDict) -> torch.Tensor:
         ids = packed["input_ids"][None]
         pos = packed["position_ids"][None]
         cu = packed["cu_seqlens"]
@@ -347,7 +376,7 @@ class FSDPEngine(TrainEngine):
             else:
                 # no loss here (dummy or weightless micro-batch): still run backward so the
                 # FSDP collectives of every rank match
-                scaled = logits.sum() * 0.0
+                scaled = zero_loss(logits)
             scaled.backward()
         all_reduce(loss_sum, group=self.dp_group)
         params = [p for p in model.parameters() if p.requires_grad]

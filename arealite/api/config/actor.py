@@ -111,6 +111,15 @@ class TrainEngineConfig(BaseConfig):
         "else segments (per-sequence SDPA, no dense mask); flex: the same masks as a "
         "FlexAttention block mask (CUDA only); sdpa/eager use a dense [T, T] mask.",
     )
+    logprob_head: Literal["fused", "dense"] = Field(
+        "fused", description="How a causal LM's per-token log-probs (and entropy) are computed: "
+        "fused: from the final hidden states and the head weight in token chunks, with a "
+        "backward that recomputes each chunk (no [tokens x vocab] logits or gradient; "
+        "arealite.engine.lm_head); dense: the model's full logits, as HF computes them. "
+        "Models whose head rescales its logits (soft-capping, logit_scale) use dense.")
+    logprob_chunk_size: int = Field(
+        1024, ge=1, description="Tokens per chunk of the fused head: its extra memory is about "
+        "3 x chunk x vocab x 4 bytes (fp32 logits, softmax, gradient of one chunk).")
     lora: LoRAConfig | None = Field(
         None, description="Train a LoRA adapter (peft) over frozen base weights; null trains "
         "every weight. See docs/quickstart.md#lora.")
