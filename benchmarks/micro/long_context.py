@@ -98,7 +98,7 @@ def _status_kib(key: str) -> int:
 
 
 def run_point(model_dir: Path, device: str, budget: int, head: str, ckpt: bool, seq_len: int,
-              chunk: int, updates: int = 2) -> dict:
+              chunk: int, updates: int = 2, attn: str = "auto") -> dict:
     """One configuration in this process: ``updates`` PPO updates, the last one timed."""
     import torch
 
@@ -111,7 +111,7 @@ def run_point(model_dir: Path, device: str, budget: int, head: str, ckpt: bool, 
         path=str(model_dir), init_from_scratch=True, dtype="float32", group_size=1,
         max_tokens_per_mb=budget, recompute_logprob=False, use_decoupled_loss=False,
         adv_norm=True, logprob_head=head, logprob_chunk_size=chunk,
-        gradient_checkpointing=ckpt, attn_impl="auto",
+        gradient_checkpointing=ckpt, attn_impl=attn,
         mixed_precision=MixedPrecisionConfig(param_dtype="bfloat16" if cuda else "float32"),
         optimizer=OptimizerConfig(lr=1e-6, weight_decay=0.0, gradient_clipping=1.0))
     actor = FSDPPPOActor(cfg, device=device, backend="nccl" if cuda else "gloo")
@@ -154,18 +154,22 @@ def model_flops(cfg, n_params: int, lens: list[int]) -> float:
     return 6.0 * n_params * sum(lens) + attn
 
 
-def _spawn_point(args, model_dir: Path, budget: int, head: str, ckpt: bool) -> dict | None:
+def _spawn_point(args, model_dir: Path, budget: int, head: str, ckpt: bool, failed: list
+                 ) -> dict | None:
     cmd = [sys.executable, "-m", "benchmarks.micro.long_context", "--point",
            f"{budget},{head},{int(ckpt)}", "--model-dir", str(model_dir), "--device", args.device,
            "--seq-len", str(args.seq_len), "--chunk", str(args.chunk),
-           "--updates", str(args.updates)]
+           "--updates", str(args.updates), "--attn", args.attn]
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=str(ROOT))
     for line in r.stdout.splitlines()[::-1]:
         if line.startswith("{"):
             return json.loads(line)
-    print(f"  point {budget} {head} ckpt={ckpt} failed (rc {r.returncode}): "
-          f"{(r.stderr.strip().splitlines() or ['?'])[-1][:200]}", flush=True)
+    # rc -9: the kernel's out-of-memory killer (a CPU point larger than the free memory)
+    why = "killed (out of memory)" if r.returncode == -9 else \
+        (r.stderr.strip().splitlines() or ["?"])[-1][:200]
+    failed.append({"budget": budget, "head": head, "ckpt": ckpt, "rc": r.returncode, "why": why})
+    print(f"  point {budget} {head} ckpt={int(ckpt)} failed (rc {r.returncode}): {why}", flush=True)
     return None
 
 
@@ -196,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ckpt", default="0,1", help="activation checkpointing off/on: 0,1")
     ap.add_argument("--seq-len", type=int, default=1024, help="tokens per row; 0: one trace")
     ap.add_argument("--chunk", type=int, default=1024, help="fused head's tokens per chunk")
+    ap.add_argument("--attn", default="auto", help="the engine's attn_impl (auto: flash "
+                    "attention on CUDA when installed, else segments)")
     ap.add_argument("--updates", type=int, default=2,
                     help="PPO updates per point, the last timed (1 on a slow CPU: the first "
                     "update differs only by creating AdamW's state)")
@@ -212,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.point:  # child: one configuration, one JSON line
         b, h, c = args.point.split(",")
         print(json.dumps(run_point(Path(args.model_dir), args.device, int(b), h, c == "1",
-                                   args.seq_len, args.chunk, args.updates)), flush=True)
+                                   args.seq_len, args.chunk, args.updates, args.attn)), flush=True)
         return 0
     peak_tflops = args.peak_tflops or (989.0 if args.device == "cuda" else None)
     budgets = [int(x) for x in args.budgets.split(",")]
@@ -222,11 +228,12 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.json) if args.json else RESULTS / f"long_context_{args.device}_{args.model}.json"
     run = {"command": "python -m benchmarks.micro.long_context " + " ".join(
         sys.argv[1:] if argv is None else argv), "device": args.device, "model": args.model,
-        "seq_len": args.seq_len, "chunk": args.chunk, "date": time.strftime("%Y-%m-%d %H:%M UTC",
+        "seq_len": args.seq_len, "chunk": args.chunk, "attn": args.attn, "date": time.strftime("%Y-%m-%d %H:%M UTC",
                                                                          time.gmtime()),
-        "rows": rows}
+        "rows": rows, "failed": []}
     print(f"model {args.model} on {args.device}; rows of {args.seq_len or 'budget'} tokens; "
           f"fused chunk {args.chunk}", flush=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_model_dir(args.model, Path(tmp) / "model")
         dead: set = set()
@@ -237,18 +244,20 @@ def main(argv: list[str] | None = None) -> int:
                         continue
                     if args.in_process:
                         row = run_point(model_dir, args.device, budget, head, ckpt,
-                                        args.seq_len, args.chunk, args.updates)
+                                        args.seq_len, args.chunk, args.updates, args.attn)
                     else:
-                        row = _spawn_point(args, model_dir, budget, head, ckpt)
+                        row = _spawn_point(args, model_dir, budget, head, ckpt, run["failed"])
                     if row is None:
                         dead.add((head, ckpt))
+                        out.write_text(json.dumps(run, indent=1))
                         continue
                     rows.append(row)
                     print(f"  {budget} ckpt={int(ckpt)} {head}: {row['seconds']:.2f} s, "
                           f"peak {row['peak']:.1f} {row['peak_unit']}", flush=True)
-                    out.parent.mkdir(parents=True, exist_ok=True)
                     out.write_text(json.dumps(run, indent=1))  # a cut-off run keeps its rows
     print(table(rows, peak_tflops))
+    for f in run["failed"]:
+        print(f"{f['budget']:>7} ckpt={int(f['ckpt'])} {f['head']}: {f['why']}")
     print(f"written to {out}")
     return 0
 

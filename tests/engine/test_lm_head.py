@@ -168,3 +168,34 @@ def test_engine_fused_head_equals_dense(tiny_model_dir, tmp_path, variant):
         assert all("lora_" in k for k in gd)
     for k in gd:
         assert _rel(gf[k], gd[k]) < 1e-5, k
+
+
+def test_vision_model_fused_head_equals_dense(tiny_vl_model_dir, toy_vision_dir):
+    """Rows with images through the vision-language model: same loss and gradients."""
+    from arealite.engine.sft.vision_batch import build_vision_sft_batch
+    from arealite.engine.vision_processor import load_processor
+
+    rows = [json.loads(x) for x in (toy_vision_dir / "train.jsonl").read_text().splitlines()][:3]
+    proc = load_processor(tiny_vl_model_dir)
+    batch = build_vision_sft_batch(
+        proc,
+        [r["question"] for r in rows],
+        [r["images"] for r in rows],
+        [r["answer"] for r in rows],
+    )
+    out = {}
+    for head in ("dense", "fused"):
+        e = FSDPEngine(
+            engine_config(
+                tiny_vl_model_dir, logprob_head=head, logprob_chunk_size=16, max_tokens_per_mb=128
+            ),
+            device="cpu",
+            backend="gloo",
+        )
+        e.initialize()
+        out[head] = _grads(e, batch, _entropy_pg_loss)
+        e.destroy()
+    (gd, ld), (gf, lf) = out["dense"], out["fused"]
+    assert max(abs(a - b) for a, b in zip(ld, lf)) < 1e-6 and gd.keys() == gf.keys()
+    for k in gd:
+        assert _rel(gf[k], gd[k]) < 1e-5, k
