@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -151,7 +151,6 @@ class HeadInput:
     weight: torch.Tensor
     bias: torch.Tensor | None = None
     chunk_size: int = DEFAULT_CHUNK
-    extra: dict = field(default_factory=dict, repr=False)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -181,11 +180,6 @@ class HeadInput:
         the same FSDP gradient collectives as one that has."""
         z = self.hidden.sum() * 0.0 + self.weight.sum() * 0.0
         return z if self.bias is None else z + self.bias.sum() * 0.0
-
-    def index_select(self, index: torch.Tensor) -> HeadInput:
-        return HeadInput(
-            self.hidden.index_select(0, index), self.weight, self.bias, self.chunk_size
-        )
 
 
 def supports_fused_head(model: nn.Module) -> str | None:
@@ -247,8 +241,8 @@ def capture_head(model: nn.Module, chunk_size: int = DEFAULT_CHUNK) -> Iterator[
     cap.active = True
     try:
         yield box
-    finally:
+        if cap.weight is not None:
+            box["head"] = HeadInput(cap.hidden, cap.weight, cap.bias, chunk_size)
+    finally:  # even when the forward raised: no reference to its tensors stays behind
         cap.active = False
-    if cap.weight is not None:
-        box["head"] = HeadInput(cap.hidden, cap.weight, cap.bias, chunk_size)
-    cap.hidden = cap.weight = cap.bias = None
+        cap.hidden = cap.weight = cap.bias = None
