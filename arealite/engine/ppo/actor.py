@@ -78,7 +78,9 @@ class PPOActor:
         """The update's forward gives the proximal logprobs: one optimizer step (the weights do
         not move between its micro-batches) and no KL term (advantages do not read them)."""
         c = self.config
-        return c.recompute_logprob and c.ppo_n_minibatches == 1 and c.kl_ctl == 0
+        # (with context parallelism a micro-batch's logprobs are split over ranks: recompute)
+        return (c.recompute_logprob and c.ppo_n_minibatches == 1 and c.kl_ctl == 0
+                and c.context_parallel_size == 1)
 
     @torch.no_grad()
     def prepare_prox_logp(self, data: TensorDict) -> str:
