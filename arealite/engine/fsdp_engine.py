@@ -57,6 +57,7 @@ from arealite.engine.packing import (
     unpack_to_padded,
 )
 from arealite.engine.prefix_pack import group_units, share_prefixes, shared_sizes
+from arealite.engine.routing_replay import RoutingReplay
 from arealite.engine.vision_pack import VISION_KEYS, image_placeholders, pack_images, patch_dim
 from arealite.observe.timing import timer
 from arealite.utils.distributed import (
@@ -82,6 +83,17 @@ logger = logging.getLogger("arealite.engine.fsdp")
 LossFn = Callable[[torch.Tensor, TensorDict], torch.Tensor]
 WeightFn = Callable[[TensorDict], "float | torch.Tensor"]
 
+
+
+def replay_rows(packed: TensorDict) -> torch.Tensor | None:
+    """A packed micro-batch's ``routed_experts`` in the order the model sees its tokens: with
+    shared prompts (``shared_input_ids``) each shared token takes its packed rows' routing."""
+    rows = packed.get("routed_experts")
+    if rows is None or "expand_index" not in packed:
+        return rows
+    shared = rows.new_full((packed["shared_input_ids"].shape[0], rows.shape[1]), -1)
+    shared[packed["expand_index"]] = rows
+    return shared
 
 class FSDPEngine(TrainEngine):
     # "causal_lm": logits over the vocabulary; "value": one scalar per position (a critic,
@@ -184,6 +196,10 @@ class FSDPEngine(TrainEngine):
         load_full_state_dict(model, full)
         del full
         self.model = model
+        self.routing: RoutingReplay | None = None
+        if self.config.routing_replay:
+            text = self.hf_config.get_text_config()
+            self.routing = RoutingReplay(model, int(text.num_hidden_layers))
         self._build_optimizer(ft_spec)
         self._uploader = DistributedUploader(self.backend, self.device)
 
@@ -281,6 +297,8 @@ class FSDPEngine(TrainEngine):
     def model_forward(self, packed: TensorDict) -> torch.Tensor:
         """Logits ``[T, V]`` of one packed micro-batch (sequences never attend to each other)."""
         model = self._check_ready()
+        if self.routing is not None:
+            self.routing.replay(replay_rows(packed))
         ids = packed["input_ids"][None]
         pos = packed["position_ids"][None]
         cu = packed["cu_seqlens"]

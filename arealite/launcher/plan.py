@@ -182,6 +182,8 @@ def server_specs(
             cmd.append("--skip-tokenizer-init")
         if sg.enable_metrics:
             cmd.append("--enable-metrics")
+        if sg.enable_return_routed_experts:
+            cmd.append("--enable-return-routed-experts")
         if lc.server_backend == "embedded":  # the run's own folder: weight updates, checkpoints
             cmd += ["--weight-load-root", str(config.run_dir())]
         cmd += lora_server_flags(config)

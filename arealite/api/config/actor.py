@@ -114,6 +114,11 @@ class TrainEngineConfig(BaseConfig):
     lora: LoRAConfig | None = Field(
         None, description="Train a LoRA adapter (peft) over frozen base weights; null trains "
         "every weight. See docs/quickstart.md#lora.")
+    routing_replay: bool = Field(
+        False, description="Mixture-of-experts models: route each token through the experts "
+        "the inference server used for it (the trajectory's routed_experts), with gate weights "
+        "from this model's own router, in every forward (log-prob recompute and update); asks "
+        "the servers for them. See docs/moe.md.")
 
 
 class PPOAlgorithmOptions(BaseModel):

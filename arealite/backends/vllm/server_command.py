@@ -77,6 +77,8 @@ def vllm_command(
             cmd += [flag, str(value)]
     if sg.tp_size != 1:
         cmd += ["--tensor-parallel-size", str(sg.tp_size)]
+    if sg.enable_return_routed_experts:  # vLLM then answers every request with them
+        cmd.append("--enable-return-routed-experts")
     if api_key:
         cmd += ["--api-key", api_key]
     if not on_cpu:  # vLLM's NCCL weight-transfer engine (weight_update.type=distributed)

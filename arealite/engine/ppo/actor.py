@@ -195,6 +195,9 @@ class PPOActor:
         for s in step_stats:
             self.tracker.scalar(grad_norm=s["grad_norm"], lr=s["lr"], loss=s["loss"],
                                 update_successful=s["update_successful"])
+        routing = getattr(self.engine, "routing", None)
+        if routing is not None:  # this step's forwards: log-prob recompute and update
+            self.tracker.scalar(**routing.take_stats())
         return self.tracker.export(reduce_group=_group(self.engine))
 
     def _record_batch_stats(self, data: TensorDict) -> None:
