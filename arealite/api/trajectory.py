@@ -67,7 +67,7 @@ def routed_experts_row(rows: np.ndarray, n_tokens: int) -> torch.Tensor:
         raise RoutedExpertsError(f"{len(rows)} rows of routed experts for {n_tokens} tokens "
                                  f"(expected {n_tokens - 1})")
     out = torch.full((n_tokens, rows.shape[1]), -1, dtype=torch.int32)
-    out[:-1] = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.int32))
+    out[:-1] = torch.from_numpy(np.array(rows, dtype=np.int32))  # a copy: the wire's buffer is read-only
     return out
 
 

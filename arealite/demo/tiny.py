@@ -89,6 +89,9 @@ class TinyModelSpec:
     num_experts: int = 4
     num_experts_per_tok: int = 2
     moe_intermediate_size: int = 192
+    # std of the random init (transformers' default 0.02); larger makes an untrained model's
+    # outputs depend strongly on its weights (benchmarks/studies/routing_replay.py)
+    initializer_range: float = 0.02
 
 
 def _tokenizer_corpus(seed: int, corpus: str = "toy_math", vision: bool = False) -> list[str]:
@@ -169,6 +172,7 @@ def build_tiny_model(out_dir: str | Path, spec: TinyModelSpec | None = None) -> 
         num_key_value_heads=spec.num_key_value_heads,
         max_position_embeddings=spec.max_position_embeddings,
         tie_word_embeddings=spec.tie_word_embeddings,
+        initializer_range=spec.initializer_range,
         bos_token_id=None,
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
@@ -199,6 +203,7 @@ def build_tiny_moe(out: Path, spec: TinyModelSpec, tok: Any) -> Path:
         head_dim=spec.hidden_size // spec.num_attention_heads,
         max_position_embeddings=spec.max_position_embeddings,
         tie_word_embeddings=spec.tie_word_embeddings,
+        initializer_range=spec.initializer_range,
         bos_token_id=None,
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,

@@ -92,7 +92,8 @@ def replay_rows(packed: TensorDict) -> torch.Tensor | None:
     if rows is None or "expand_index" not in packed:
         return rows
     shared = rows.new_full((packed["shared_input_ids"].shape[0], rows.shape[1]), -1)
-    shared[packed["expand_index"]] = rows
+    valid = rows[:, 0] >= 0  # a row's last token (-1) never overwrites a shared token's routing
+    shared[packed["expand_index"][valid]] = rows[valid]
     return shared
 
 class FSDPEngine(TrainEngine):
