@@ -77,8 +77,10 @@ class RoutingReplay:
     def __init__(self, model: torch.nn.Module, num_layers: int) -> None:
         self.routers = find_routers(model)
         if not self.routers:
-            raise ValueError("routing_replay: the model has no mixture-of-experts layer "
-                             f"(routers known: {', '.join(sorted(ROUTER_CLASSES))})")
+            raise ValueError(
+                "routing_replay: the model has no mixture-of-experts layer "
+                f"(routers known: {', '.join(sorted(ROUTER_CLASSES))})"
+            )
         any_router = next(iter(self.routers.values()))
         self.num_layers = num_layers
         self.top_k = int(any_router.top_k)
@@ -97,9 +99,11 @@ class RoutingReplay:
         where checkpointed layers run again."""
         if experts is not None:
             if experts.dim() != 2 or experts.shape[1] != self.width:
-                raise ValueError(f"routed_experts has {tuple(experts.shape)[1:]} ids per token; "
-                                 f"this model routes {self.num_layers} layers x top-{self.top_k} "
-                                 f"= {self.width}")
+                raise ValueError(
+                    f"routed_experts has {tuple(experts.shape)[1:]} ids per token; "
+                    f"this model routes {self.num_layers} layers x top-{self.top_k} "
+                    f"= {self.width}"
+                )
             experts = experts.long().view(-1, self.num_layers, self.top_k)
         self._experts, self._seen = experts, set()
 
@@ -114,8 +118,10 @@ class RoutingReplay:
                     self._record(layer, own, None)
                 return None
             if replay.shape[0] != own.shape[0]:
-                raise ValueError(f"routing replay: {replay.shape[0]} tokens of routed experts, "
-                                 f"the model's layer {layer} routes {own.shape[0]}")
+                raise ValueError(
+                    f"routing replay: {replay.shape[0]} tokens of routed experts, "
+                    f"the model's layer {layer} routes {own.shape[0]}"
+                )
             ids = replay[:, layer].to(own.device)
             valid = (ids >= 0).all(-1, keepdim=True)
             ids = torch.where(valid, ids, own)
@@ -123,11 +129,17 @@ class RoutingReplay:
             if first:
                 self._record(layer, own, ids, valid.squeeze(-1))
             return logits, torch.where(valid, w, weights), ids
+
         return hook
 
     @torch.no_grad()
-    def _record(self, layer: int, own: torch.Tensor, used: torch.Tensor | None,
-                valid: torch.Tensor | None = None) -> None:
+    def _record(
+        self,
+        layer: int,
+        own: torch.Tensor,
+        used: torch.Tensor | None,
+        valid: torch.Tensor | None = None,
+    ) -> None:
         s = self.stats[layer]
         routed = own if used is None else used
         s.load += torch.bincount(routed.reshape(-1).cpu(), minlength=self.num_experts).double()
@@ -147,8 +159,9 @@ class RoutingReplay:
             if total:
                 out[f"moe/max_load/layer{i}"] = float(s.load.max()) / total * self.num_experts
         if any(s.compared for s in self.stats.values()):
-            out["moe/agreement"] = (sum(s.agree for s in self.stats.values())
-                                    / sum(s.compared for s in self.stats.values()))
+            out["moe/agreement"] = sum(s.agree for s in self.stats.values()) / sum(
+                s.compared for s in self.stats.values()
+            )
         self.stats = {i: LayerStats(self.num_experts) for i in self.routers}
         return out
 

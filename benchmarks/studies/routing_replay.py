@@ -32,11 +32,20 @@ def _perturb_routers(runner: Any, noise: float, seed: int) -> None:
     gen = torch.Generator().manual_seed(seed + 1000)
     with torch.no_grad():
         for r in moe_routers(runner.decoder).values():
-            r.weight += noise * r.weight.std() * torch.randn(r.weight.shape, generator=gen).to(r.weight)
+            r.weight += (
+                noise * r.weight.std() * torch.randn(r.weight.shape, generator=gen).to(r.weight)
+            )
 
 
-def _sample(model: Path, server_dtype: str, prompts: list[list[int]], new_tokens: int,
-            moe: bool, seed: int, router_noise: float = 0.0) -> list[dict[str, Any]]:
+def _sample(
+    model: Path,
+    server_dtype: str,
+    prompts: list[list[int]],
+    new_tokens: int,
+    moe: bool,
+    seed: int,
+    router_noise: float = 0.0,
+) -> list[dict[str, Any]]:
     """Trajectory rows of the engine's samples, as the client builds them from the answers."""
     from arealite.api.trajectory import ROUTED_EXPERTS, routed_experts_row
     from arealite.backends.sglang import parse_generate_response
@@ -58,9 +67,16 @@ def _sample(model: Path, server_dtype: str, prompts: list[list[int]], new_tokens
     try:
         seqs, events = [], []
         for i, p in enumerate(prompts):
-            routing = SequenceRouting(runner.num_hidden_layers, runner.routed.top_k) if moe else None
-            s = Sequence(rid=f"r{i}", prompt=list(p), return_logprob=True, routing=routing,
-                         params=SamplingParams(max_new_tokens=new_tokens, ignore_eos=True))
+            routing = (
+                SequenceRouting(runner.num_hidden_layers, runner.routed.top_k) if moe else None
+            )
+            s = Sequence(
+                rid=f"r{i}",
+                prompt=list(p),
+                return_logprob=True,
+                routing=routing,
+                params=SamplingParams(max_new_tokens=new_tokens, ignore_eos=True),
+            )
             ev = threading.Event()
             s.on_event = lambda _s, _n, final, ev=ev: ev.set() if final else None
             seqs.append(s)
@@ -74,8 +90,11 @@ def _sample(model: Path, server_dtype: str, prompts: list[list[int]], new_tokens
         for s in seqs:
             seg = parse_generate_response(build_output(s, len(s.output_ids), True, detok, "0"), 0)
             n_in, n_out = len(s.prompt), len(seg.output_ids)
-            row = {"input_ids": s.prompt + seg.output_ids, "loss_mask": [0] * n_in + [1] * n_out,
-                   "logprobs": [0.0] * n_in + seg.logprobs}
+            row = {
+                "input_ids": s.prompt + seg.output_ids,
+                "loss_mask": [0] * n_in + [1] * n_out,
+                "logprobs": [0.0] * n_in + seg.logprobs,
+            }
             if moe:
                 routed = check_complete(join_segment(None, seg, n_in, None), n_in + n_out, s.rid)
                 row[ROUTED_EXPERTS] = routed_experts_row(routed, n_in + n_out)
@@ -90,8 +109,13 @@ def _trainer_logp(model: Path, batch: dict[str, torch.Tensor], replay: bool) -> 
     from arealite.api.config.actor import TrainEngineConfig
     from arealite.engine.fsdp_engine import FSDPEngine
 
-    cfg = TrainEngineConfig(path=str(model), optimizer=None, dtype="float32",
-                            routing_replay=replay, max_tokens_per_mb=4096)
+    cfg = TrainEngineConfig(
+        path=str(model),
+        optimizer=None,
+        dtype="float32",
+        routing_replay=replay,
+        max_tokens_per_mb=4096,
+    )
     eng = FSDPEngine(cfg, device="cpu", backend="gloo")
     eng.initialize()
     return eng, eng.forward(batch)
@@ -110,29 +134,44 @@ def toy_prompts(tokenizer_dir: Path, n: int, seed: int) -> list[list[int]]:
     from arealite.demo.toy_math import generate_toy_math
 
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-    texts = [tok.apply_chat_template([{"role": "user", "content": r["question"]}],
-                                     add_generation_prompt=True, tokenize=False)
-             for r in generate_toy_math(n=n, seed=seed + 1)]
+    texts = [
+        tok.apply_chat_template(
+            [{"role": "user", "content": r["question"]}], add_generation_prompt=True, tokenize=False
+        )
+        for r in generate_toy_math(n=n, seed=seed + 1)
+    ]
     return [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
 
 
-def gap_figures(dense: Path | None, moe: Path, prompts: list[list[int]], new_tokens: int,
-                server_dtype: str = "bfloat16", router_noise: float = 0.0,
-                seed: int = 0) -> dict[str, Any]:
+def gap_figures(
+    dense: Path | None,
+    moe: Path,
+    prompts: list[list[int]],
+    new_tokens: int,
+    server_dtype: str = "bfloat16",
+    router_noise: float = 0.0,
+    seed: int = 0,
+) -> dict[str, Any]:
     """Sample from both models on the engine, recompute on the fp32 trainer; the figures
     (``dense`` skipped when None)."""
     from arealite.api.trajectory import ROUTED_EXPERTS, pad_sequences_to_tensors
 
-    out: dict[str, Any] = {"server_dtype": server_dtype, "trainer_dtype": "float32",
-                           "router_noise": router_noise, "prompts": len(prompts),
-                           "new_tokens": new_tokens}
+    out: dict[str, Any] = {
+        "server_dtype": server_dtype,
+        "trainer_dtype": "float32",
+        "router_noise": router_noise,
+        "prompts": len(prompts),
+        "new_tokens": new_tokens,
+    }
     if dense is not None:
-        d_batch = pad_sequences_to_tensors(_sample(dense, server_dtype, prompts, new_tokens,
-                                                   False, seed))
+        d_batch = pad_sequences_to_tensors(
+            _sample(dense, server_dtype, prompts, new_tokens, False, seed)
+        )
         _, d_logp = _trainer_logp(dense, d_batch, replay=False)
         out["dense"] = _gap(d_logp, d_batch)
-    m_batch = pad_sequences_to_tensors(_sample(moe, server_dtype, prompts, new_tokens, True, seed,
-                                               router_noise))
+    m_batch = pad_sequences_to_tensors(
+        _sample(moe, server_dtype, prompts, new_tokens, True, seed, router_noise)
+    )
     eng, with_replay = _trainer_logp(moe, m_batch, replay=True)
     stats = eng.routing.take_stats()
     without = eng.forward({k: v for k, v in m_batch.items() if k != ROUTED_EXPERTS})
@@ -147,17 +186,33 @@ def gap_figures(dense: Path | None, moe: Path, prompts: list[list[int]], new_tok
     return out
 
 
-def measure(root: Path, n_prompts: int = 16, new_tokens: int = 16, server_dtype: str = "bfloat16",
-            seed: int = 0, init: float = 0.02, router_noise: float = 0.0,
-            num_experts: int = 4) -> dict[str, Any]:
+def measure(
+    root: Path,
+    n_prompts: int = 16,
+    new_tokens: int = 16,
+    server_dtype: str = "bfloat16",
+    seed: int = 0,
+    init: float = 0.02,
+    router_noise: float = 0.0,
+    num_experts: int = 4,
+) -> dict[str, Any]:
     """Build both tiny models under ``root`` (one seed, one init), then ``gap_figures``."""
     from arealite.demo.tiny import TinyModelSpec, build_tiny_model
 
     dense = build_tiny_model(root / "dense", TinyModelSpec(seed=seed, initializer_range=init))
-    moe = build_tiny_model(root / "moe", TinyModelSpec(seed=seed, moe=True, initializer_range=init,
-                                                       num_experts=num_experts))
-    res = gap_figures(dense, moe, toy_prompts(dense, n_prompts, seed), new_tokens, server_dtype,
-                      router_noise, seed)
+    moe = build_tiny_model(
+        root / "moe",
+        TinyModelSpec(seed=seed, moe=True, initializer_range=init, num_experts=num_experts),
+    )
+    res = gap_figures(
+        dense,
+        moe,
+        toy_prompts(dense, n_prompts, seed),
+        new_tokens,
+        server_dtype,
+        router_noise,
+        seed,
+    )
     return {"init": init, "num_experts": num_experts, **res}
 
 
@@ -168,19 +223,34 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--server-dtype", default="bfloat16")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--init", type=float, default=0.02, help="initializer_range of both models")
-    p.add_argument("--router-noise", type=float, default=0.0,
-                   help="perturb the server's routers by this x their weight std (a mismatch "
-                   "of the routers alone; use with --server-dtype float32)")
+    p.add_argument(
+        "--router-noise",
+        type=float,
+        default=0.0,
+        help="perturb the server's routers by this x their weight std (a mismatch "
+        "of the routers alone; use with --server-dtype float32)",
+    )
     p.add_argument("--experts", type=int, default=4)
     p.add_argument("--out", default="benchmarks/results/routing_replay")
     a = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
-        res = measure(Path(tmp), a.prompts, a.new_tokens, a.server_dtype, a.seed, a.init,
-                      a.router_noise, a.experts)
+        res = measure(
+            Path(tmp),
+            a.prompts,
+            a.new_tokens,
+            a.server_dtype,
+            a.seed,
+            a.init,
+            a.router_noise,
+            a.experts,
+        )
     print(json.dumps(res, indent=2))
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"gap_{a.server_dtype}_noise{a.router_noise}_e{a.experts}_init{a.init}_seed{a.seed}.json").write_text(json.dumps(res, indent=2) + "\n")
+    (
+        out
+        / f"gap_{a.server_dtype}_noise{a.router_noise}_e{a.experts}_init{a.init}_seed{a.seed}.json"
+    ).write_text(json.dumps(res, indent=2) + "\n")
     return 0
 
 

@@ -48,8 +48,10 @@ class RoutedExpertsCapture:
     def __init__(self, decoder: torch.nn.Module, num_layers: int) -> None:
         self.routers = moe_routers(decoder)
         if not self.routers:
-            raise ValueError("--enable-return-routed-experts: this model has no mixture-of-experts "
-                             f"layer (routers known: {', '.join(sorted(ROUTER_CLASSES))})")
+            raise ValueError(
+                "--enable-return-routed-experts: this model has no mixture-of-experts "
+                f"layer (routers known: {', '.join(sorted(ROUTER_CLASSES))})"
+            )
         self.num_layers = num_layers
         self.top_k = int(next(iter(self.routers.values())).top_k)
         self._last: dict[int, torch.Tensor] = {}
@@ -58,6 +60,7 @@ class RoutedExpertsCapture:
     def _hook(self, layer: int):
         def record(_module: Any, _args: Any, output: Any) -> None:
             self._last[layer] = output[2]
+
         return record
 
     def take(self, batch: int, tokens: int) -> torch.Tensor:
@@ -96,5 +99,5 @@ class SequenceRouting:
         for s, r in self.chunks:
             lo, hi = max(s, start), min(s + r.shape[0], end)
             if lo < hi:
-                out[lo - start:hi - start] = r[lo - s:hi - s].numpy()
+                out[lo - start : hi - start] = r[lo - s : hi - s].numpy()
         return out

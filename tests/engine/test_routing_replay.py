@@ -16,7 +16,12 @@ from arealite.api.trajectory import (
 )
 from arealite.engine.fsdp_engine import replay_rows
 from arealite.engine.packing import dummy_row, pack_tensor_dict
-from arealite.engine.routing_replay import RoutingReplay, find_routers, replay_weights, topk_agreement
+from arealite.engine.routing_replay import (
+    RoutingReplay,
+    find_routers,
+    replay_weights,
+    topk_agreement,
+)
 
 
 def _reference_weights(logits: torch.Tensor, experts: torch.Tensor, renorm: bool) -> torch.Tensor:
@@ -42,8 +47,9 @@ def test_replay_weights_match_a_per_token_reference(renorm):
     assert torch.allclose(got, _reference_weights(logits, experts, renorm), atol=1e-6)
     own = logits.topk(2, -1).indices
     assert topk_agreement(own, own.flip(-1)).all()
-    assert topk_agreement(own, experts).tolist() == [set(a.tolist()) == set(b.tolist())
-                                                     for a, b in zip(own, experts)]
+    assert topk_agreement(own, experts).tolist() == [
+        set(a.tolist()) == set(b.tolist()) for a, b in zip(own, experts)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +67,10 @@ def test_replayed_forward_runs_the_given_experts_and_own_routing_where_minus_one
         rr.replay(None)
         free = moe_model(ids).logits
         seen: dict[int, torch.Tensor] = {}
-        hooks = [r.register_forward_hook(lambda m, a, o, i=i: seen.__setitem__(i, o[2]))
-                 for i, r in rr.routers.items()]
+        hooks = [
+            r.register_forward_hook(lambda m, a, o, i=i: seen.__setitem__(i, o[2]))
+            for i, r in rr.routers.items()
+        ]
         rr.replay(None)
         moe_model(ids)
         own = torch.cat([seen[0], seen[1]], -1)  # [T, L*k], layer-major
@@ -76,8 +84,8 @@ def test_replayed_forward_runs_the_given_experts_and_own_routing_where_minus_one
         rr.replay(other)
         moe_model(ids)
         for layer in (0, 1):
-            assert torch.equal(seen[layer][:-1], other[:-1, 2 * layer:2 * layer + 2])
-            assert torch.equal(seen[layer][-1], own[-1, 2 * layer:2 * layer + 2])
+            assert torch.equal(seen[layer][:-1], other[:-1, 2 * layer : 2 * layer + 2])
+            assert torch.equal(seen[layer][-1], own[-1, 2 * layer : 2 * layer + 2])
         assert rr.take_stats()["moe/agreement"] == 0.0  # top-2 of 4 shifted by one: never equal
         with pytest.raises(ValueError, match="2 layers x top-2 = 4"):
             rr.replay(torch.zeros(6, 3, dtype=torch.int32))
@@ -95,12 +103,21 @@ def test_routed_experts_pad_join_and_pack_on_their_own_token():
     assert a[-1].tolist() == [-1, -1] and a[0].tolist() == [0, 1]
     with pytest.raises(RoutedExpertsError, match="3 rows of routed experts for 5 tokens"):
         routed_experts_row(np.zeros((3, 2), np.int32), 5)
-    rows = [{"input_ids": [1, 2, 3, 4, 5], "loss_mask": [0, 0, 1, 1, 1], "routed_experts": a},
-            {"input_ids": [6, 7, 8], "loss_mask": [0, 1, 1],
-             "routed_experts": routed_experts_row(np.full((2, 2), 3, np.int32), 3)}]
+    rows = [
+        {"input_ids": [1, 2, 3, 4, 5], "loss_mask": [0, 0, 1, 1, 1], "routed_experts": a},
+        {
+            "input_ids": [6, 7, 8],
+            "loss_mask": [0, 1, 1],
+            "routed_experts": routed_experts_row(np.full((2, 2), 3, np.int32), 3),
+        },
+    ]
     batch = pad_sequences_to_tensors(rows)
-    assert batch["routed_experts"].shape == (2, 5, 2) and batch["routed_experts"][1, 3:].eq(-1).all()
-    wide = concat_padded_tensors([pad_sequences_to_tensors(rows[1:]), pad_sequences_to_tensors(rows[:1])])
+    assert (
+        batch["routed_experts"].shape == (2, 5, 2) and batch["routed_experts"][1, 3:].eq(-1).all()
+    )
+    wide = concat_padded_tensors(
+        [pad_sequences_to_tensors(rows[1:]), pad_sequences_to_tensors(rows[:1])]
+    )
     assert wide["routed_experts"].shape == (2, 5, 2) and wide["routed_experts"][0, 3:].eq(-1).all()
     packed = pack_tensor_dict(batch)
     # not shifted: packed row t is the routing of packed input token t
@@ -109,8 +126,11 @@ def test_routed_experts_pad_join_and_pack_on_their_own_token():
     # shared prompts (two rows, one prompt token in common): each shared token takes its
     # packed rows' routing, and no row's last token (-1) overwrites it
     rows = torch.tensor([[0, 1], [2, 3], [-1, -1], [0, 1], [4, 5], [-1, -1]])
-    shared = {"routed_experts": rows, "shared_input_ids": torch.zeros(5),
-              "expand_index": torch.tensor([0, 1, 2, 0, 3, 2])}
+    shared = {
+        "routed_experts": rows,
+        "shared_input_ids": torch.zeros(5),
+        "expand_index": torch.tensor([0, 1, 2, 0, 3, 2]),
+    }
     assert replay_rows(shared).tolist() == [[0, 1], [2, 3], [-1, -1], [4, 5], [-1, -1]]
 
 

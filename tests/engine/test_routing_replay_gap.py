@@ -19,7 +19,9 @@ def prompts(tiny_model_dir):
     return toy_prompts(tiny_model_dir, 6, seed=0)
 
 
-def test_bf16_server_with_replay_is_as_close_as_the_dense_model(tiny_model_dir, tiny_moe_dir, prompts):
+def test_bf16_server_with_replay_is_as_close_as_the_dense_model(
+    tiny_model_dir, tiny_moe_dir, prompts
+):
     f = gap_figures(tiny_model_dir, tiny_moe_dir, prompts, 8, server_dtype="bfloat16")
     assert f["dense"]["tokens"] == f["moe_replay"]["tokens"] == 48
     assert 0 < f["dense"]["mean"] < 0.01  # bf16 against fp32: a real, small gap

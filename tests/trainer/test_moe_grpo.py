@@ -18,8 +18,11 @@ STEPS = 2
 def test_moe_grpo_replays_the_servers_routing(tmp_path, tiny_moe_dir):
     data = tmp_path / "data"
     write_toy_math(data, n_train=40, n_valid=4, seed=0)
-    over = [*small_run(tiny_moe_dir, data, STEPS, epochs=1), "actor.routing_replay=true",
-            "rollout.max_head_offpolicyness=1"]
+    over = [
+        *small_run(tiny_moe_dir, data, STEPS, epochs=1),
+        "actor.routing_replay=true",
+        "rollout.max_head_offpolicyness=1",
+    ]
     with spawn(launcher_cmd("configs/toy_grpo.yaml", tmp_path, "moe", over)) as (proc, log):
         code = wait_exit(proc, log, 240)
         assert code == 0, f"MoE run failed ({code}):\n{log_tail(log, 60)}"
@@ -33,10 +36,18 @@ def test_moe_grpo_replays_the_servers_routing(tmp_path, tiny_moe_dir):
     assert all("moe/max_load/layer0" in r and "moe/agreement/layer1" in r for r in steps)
 
 
-def test_routing_replay_on_a_dense_model_is_refused_before_anything_starts(tmp_path, tiny_model_dir,
-                                                                         capsys):
-    code = launch(["configs/toy_grpo.yaml", f"cluster.fileroot={tmp_path}",
-                   f"actor.path={tiny_model_dir}", "actor.routing_replay=true", "--dry-run"])
+def test_routing_replay_on_a_dense_model_is_refused_before_anything_starts(
+    tmp_path, tiny_model_dir, capsys
+):
+    code = launch(
+        [
+            "configs/toy_grpo.yaml",
+            f"cluster.fileroot={tmp_path}",
+            f"actor.path={tiny_model_dir}",
+            "actor.routing_replay=true",
+            "--dry-run",
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1
     assert "actor.routing_replay" in err[0] and "dense model" in err[0]

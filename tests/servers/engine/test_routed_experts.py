@@ -37,15 +37,19 @@ def _run(engine: Engine, seqs: list[Sequence], timeout: float = 60.0) -> None:
 
 
 def _decode(meta: dict, layers: int, k: int) -> np.ndarray:
-    return np.frombuffer(base64.b64decode(meta["routed_experts"]), dtype="<i4").reshape(-1, layers, k)
+    return np.frombuffer(base64.b64decode(meta["routed_experts"]), dtype="<i4").reshape(
+        -1, layers, k
+    )
 
 
 def _reference(runner: ModelRunner, ids: list[int]) -> np.ndarray:
     """Expert ids of one plain HF forward over ``ids``, [len, layers, k]."""
     routers = moe_routers(runner.decoder)
     got: dict[int, torch.Tensor] = {}
-    hooks = [r.register_forward_hook(lambda m, a, o, i=i: got.__setitem__(i, o[2]))
-             for i, r in routers.items()]
+    hooks = [
+        r.register_forward_hook(lambda m, a, o, i=i: got.__setitem__(i, o[2]))
+        for i, r in routers.items()
+    ]
     try:
         with torch.no_grad():
             runner.model(torch.tensor([ids]))
@@ -61,8 +65,16 @@ def test_each_token_reports_the_experts_a_plain_forward_picks(runner):
     try:
         k, layers = runner.routed.top_k, runner.num_hidden_layers
         prompts = [[5, 6, 7, 8, 9], [11, 12, 13], [5, 6, 7, 8, 9]]  # a duplicate: shared prefill
-        seqs = [Sequence(rid=f"r{i}", prompt=p, params=SamplingParams(max_new_tokens=6, ignore_eos=True),
-                         return_logprob=True, routing=SequenceRouting(layers, k)) for i, p in enumerate(prompts)]
+        seqs = [
+            Sequence(
+                rid=f"r{i}",
+                prompt=p,
+                params=SamplingParams(max_new_tokens=6, ignore_eos=True),
+                return_logprob=True,
+                routing=SequenceRouting(layers, k),
+            )
+            for i, p in enumerate(prompts)
+        ]
         plain = Sequence(rid="plain", prompt=[3, 4], params=SamplingParams(max_new_tokens=3))
         _run(engine, [*seqs, plain])
         detok = Detokenizer(runner.tokenizer)
@@ -82,13 +94,15 @@ def test_each_token_reports_the_experts_a_plain_forward_picks(runner):
 
 
 def test_start_len_and_bad_requests(runner, tiny_model_dir):
-    rt = request_routing(runner, {"return_routed_experts": True, "routed_experts_start_len": 2},
-                         [[1, 2, 3]])[0]
+    rt = request_routing(
+        runner, {"return_routed_experts": True, "routed_experts_start_len": 2}, [[1, 2, 3]]
+    )[0]
     rt.write(0, torch.arange(2 * 4 * 2, dtype=torch.int32).view(4, 2, 2))
     assert rt.rows(4).shape == (2, 2, 2) and rt.rows(4)[0, 0, 0] == 8
     with pytest.raises(ValueError, match=r"routed_experts_start_len must be in \[0, 3\]"):
-        request_routing(runner, {"return_routed_experts": True, "routed_experts_start_len": 4},
-                        [[1, 2, 3]])
+        request_routing(
+            runner, {"return_routed_experts": True, "routed_experts_start_len": 4}, [[1, 2, 3]]
+        )
     assert request_routing(runner, {}, [[1]]) == [None]
     dense = ModelRunner(str(tiny_model_dir))
     with pytest.raises(ValueError, match="--enable-return-routed-experts"):
