@@ -111,6 +111,8 @@ def check_routing_replay(config: Any) -> None:
                              "replay); set actor.routing_replay=false")
     config.gconfig.return_routed_experts = True
     config.servers.enable_return_routed_experts = True
+    if config.ref is not None:  # the reference log-probs go through the same experts
+        config.ref.routing_replay = True
 
 class GRPOConfig(BaseExperimentConfig):
     kind: Literal["grpo"] = Field("grpo", description="Which experiment this file configures.")
