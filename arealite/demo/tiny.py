@@ -163,7 +163,13 @@ def build_tiny_model(out_dir: str | Path, spec: TinyModelSpec | None = None) -> 
     tok = build_tokenizer(out, spec)
     if spec.moe:
         return build_tiny_moe(out, spec, tok)
-    config = Qwen2Config(
+    config = Qwen2Config(**text_config_kwargs(spec, tok))
+    return save_random_model(out, Qwen2ForCausalLM, config, tok, spec)
+
+
+def text_config_kwargs(spec: TinyModelSpec, tok: Any) -> dict[str, Any]:
+    """The decoder settings the dense model and its MoE twin share (sizes, special tokens)."""
+    return dict(
         vocab_size=len(tok),
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
@@ -178,7 +184,6 @@ def build_tiny_model(out_dir: str | Path, spec: TinyModelSpec | None = None) -> 
         pad_token_id=tok.pad_token_id,
         torch_dtype="float32",
     )
-    return save_random_model(out, Qwen2ForCausalLM, config, tok, spec)
 
 
 def build_tiny_moe(out: Path, spec: TinyModelSpec, tok: Any) -> Path:
@@ -190,24 +195,12 @@ def build_tiny_moe(out: Path, spec: TinyModelSpec, tok: Any) -> Path:
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     config = Qwen3MoeConfig(
-        vocab_size=len(tok),
-        hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size,
+        **text_config_kwargs(spec, tok),
         moe_intermediate_size=spec.moe_intermediate_size,
         num_experts=spec.num_experts,
         num_experts_per_tok=spec.num_experts_per_tok,
         norm_topk_prob=True,
-        num_hidden_layers=spec.num_hidden_layers,
-        num_attention_heads=spec.num_attention_heads,
-        num_key_value_heads=spec.num_key_value_heads,
         head_dim=spec.hidden_size // spec.num_attention_heads,
-        max_position_embeddings=spec.max_position_embeddings,
-        tie_word_embeddings=spec.tie_word_embeddings,
-        initializer_range=spec.initializer_range,
-        bos_token_id=None,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-        torch_dtype="float32",
     )
     return save_random_model(out, Qwen3MoeForCausalLM, config, tok, spec)
 
