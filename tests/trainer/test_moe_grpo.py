@@ -15,6 +15,7 @@ STEPS = 2
 
 
 @pytest.mark.integration
+@pytest.mark.long
 def test_moe_grpo_replays_the_servers_routing(tmp_path, tiny_moe_dir):
     data = tmp_path / "data"
     write_toy_math(data, n_train=40, n_valid=4, seed=0)
