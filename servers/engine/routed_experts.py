@@ -79,7 +79,7 @@ class RoutedExpertsCapture:
 
 class SequenceRouting:
     """One sequence's routed experts by position: chunks written by prefills and decode steps
-    (a retracted sequence's re-prefill rewrites its positions)."""
+    (a retracted sequence's re-prefill covers its positions again)."""
 
     __slots__ = ("chunks", "num_layers", "top_k", "start_len")
 
@@ -93,10 +93,12 @@ class SequenceRouting:
 
     def rows(self, end: int) -> np.ndarray:
         """``[end - start_len, num_layers, top_k]`` int32 for positions ``[start_len, end)``;
-        later chunks win where chunks overlap."""
+        the first chunk to cover a position wins: a token keeps the routing it had when the
+        tokens after it were sampled, as the client's join of resumed segments does (a re-prefill
+        after a ``retract`` pause, maybe under new weights, only fills what is missing)."""
         start = self.start_len
         out = np.zeros((max(0, end - start), self.num_layers, self.top_k), dtype=np.int32)
-        for s, r in self.chunks:
+        for s, r in reversed(self.chunks):
             lo, hi = max(s, start), min(s + r.shape[0], end)
             if lo < hi:
                 out[lo - start : hi - start] = r[lo - s : hi - s].numpy()

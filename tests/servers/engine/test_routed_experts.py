@@ -99,6 +99,10 @@ def test_start_len_and_bad_requests(runner, tiny_model_dir):
     )[0]
     rt.write(0, torch.arange(2 * 4 * 2, dtype=torch.int32).view(4, 2, 2))
     assert rt.rows(4).shape == (2, 2, 2) and rt.rows(4)[0, 0, 0] == 8
+    # a re-prefill (after a retract) covers positions 0..4 again: the rows first written stay,
+    # only position 4 is new
+    rt.write(0, torch.full((5, 2, 2), 99, dtype=torch.int32))
+    assert rt.rows(5)[:, 0, 0].tolist() == [8, 12, 99]
     with pytest.raises(ValueError, match=r"routed_experts_start_len must be in \[0, 3\]"):
         request_routing(
             runner, {"return_routed_experts": True, "routed_experts_start_len": 4}, [[1, 2, 3]]
