@@ -220,7 +220,7 @@ def _vllm_specs(config: GRPOConfig, model_path: str, ports: list[int],
     ``LaunchError`` here rather than a failure at the first request or update."""
     lc, sg = config.launcher, config.servers
     cpu = servers_on_cpu(sg.device, lc.gpus_per_server, environ)
-    problems = vllm_server.model_problems(model_path, cpu)
+    problems = vllm_server.model_problems(model_path, cpu) + vllm_server.routed_experts_problems(sg, cpu)
     if problems:
         raise LaunchError("launcher.server_backend=vllm: " + "; ".join(problems))
     secrets = run_keys(config, environ)

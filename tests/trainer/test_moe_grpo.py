@@ -37,19 +37,25 @@ def test_moe_grpo_replays_the_servers_routing(tmp_path, tiny_moe_dir):
     assert all("moe/max_load/layer0" in r and "moe/agreement/layer1" in r for r in steps)
 
 
-def test_routing_replay_on_a_dense_model_is_refused_before_anything_starts(
-    tmp_path, tiny_model_dir, capsys
+@pytest.mark.parametrize("case", ["dense", "vllm-cpu"])
+def test_routing_replay_without_experts_is_refused_before_anything_starts(
+    tmp_path, tiny_model_dir, tiny_moe_dir, capsys, case
 ):
+    model = tiny_model_dir if case == "dense" else tiny_moe_dir
+    extra = ["launcher.server_backend=vllm", "servers.device=cpu"] if case == "vllm-cpu" else []
     code = launch(
         [
             "configs/toy_grpo.yaml",
             f"cluster.fileroot={tmp_path}",
-            f"actor.path={tiny_model_dir}",
+            f"actor.path={model}",
             "actor.routing_replay=true",
+            *extra,
             "--dry-run",
         ]
     )
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1
-    assert "actor.routing_replay" in err[0] and "dense model" in err[0]
+    assert code == 2 and len(err) == 1, err
+    assert "routing_replay" in err[0]
+    want = "dense model" if case == "dense" else "embedded and sglang servers return them"
+    assert want in err[0], err[0]
     assert not list(tmp_path.iterdir())  # nothing started, nothing written
