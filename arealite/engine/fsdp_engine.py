@@ -62,6 +62,7 @@ from arealite.engine.packing import (
     unpack_to_padded,
 )
 from arealite.engine.prefix_pack import group_units, share_prefixes, shared_sizes
+from arealite.engine.routing_replay import RoutingReplay
 from arealite.engine.vision_pack import VISION_KEYS, image_placeholders, pack_images, patch_dim
 from arealite.observe.timing import timer
 from arealite.utils.distributed import (
@@ -87,6 +88,18 @@ logger = logging.getLogger("arealite.engine.fsdp")
 LossFn = Callable[[torch.Tensor, TensorDict], torch.Tensor]
 WeightFn = Callable[[TensorDict], "float | torch.Tensor"]
 
+
+
+def replay_rows(packed: TensorDict) -> torch.Tensor | None:
+    """A packed micro-batch's ``routed_experts`` in the order the model sees its tokens: with
+    shared prompts (``shared_input_ids``) each shared token takes its packed rows' routing."""
+    rows = packed.get("routed_experts")
+    if rows is None or "expand_index" not in packed:
+        return rows
+    shared = rows.new_full((packed["shared_input_ids"].shape[0], rows.shape[1]), -1)
+    valid = rows[:, 0] >= 0  # a row's last token (-1) never overwrites a shared token's routing
+    shared[packed["expand_index"][valid]] = rows[valid]
+    return shared
 
 class FSDPEngine(TrainEngine):
     # "causal_lm": logits over the vocabulary; "value": one scalar per position (a critic,
@@ -197,6 +210,13 @@ class FSDPEngine(TrainEngine):
         del full
         self.model = model
         self._fused_head = self._use_fused_head(model)
+        self.routing: RoutingReplay | None = None
+        if self.config.routing_replay:
+            if self.cp is not None:  # the experts would have to be sharded like the tokens
+                raise ValueError("actor.routing_replay with context_parallel_size > 1 is not "
+                                 "supported yet")
+            text = self.hf_config.get_text_config()
+            self.routing = RoutingReplay(model, int(text.num_hidden_layers))
         self._build_optimizer(ft_spec)
         self._uploader = DistributedUploader(self.backend, self.device)
 
@@ -328,6 +348,8 @@ class FSDPEngine(TrainEngine):
         """Logits ``[T, V]`` of one packed micro-batch (sequences never attend to each other),
         or, with the fused head, the ``HeadInput`` they would come from (no ``[T, V]``)."""
         model = self._check_ready()
+        if self.routing is not None:
+            self.routing.replay(replay_rows(packed))
         if not self.fuses_head:
             return self._model_forward(model, packed)
         with capture_head(model, self.config.logprob_chunk_size) as box:

@@ -121,6 +121,8 @@ def build_rl_engines(config: GRPOConfig, rank: int, world: int) -> RLEngines:
     eval_rollout.adapters = rollout.adapters  # a LoRA run evaluates its current adapter
     actor = FSDPPPOActor(config.actor, config.device, config.dist_backend, config.seed, rollout.clock)
     actor.initialize(None, ft)
+    if actor.routing is not None:  # every answer must carry this many expert ids per token
+        rollout.routed_experts_width = actor.routing.width
     ref = None
     if config.ref is not None:
         ref = FSDPPPOActor(config.ref, config.device, config.dist_backend, config.seed)
@@ -135,7 +137,8 @@ def build_rl_engines(config: GRPOConfig, rank: int, world: int) -> RLEngines:
     extra = {"processor": processor} if processor is not None else {}
     rm_kw = {"reward_model": rm} if rm is not None else {}
     workflow = build_workflow(config.workflow, config.gconfig, tokenizer, **extra, **rm_kw)
-    eval_gconfig = config.eval_gconfig or config.gconfig.new(n_samples=1, greedy=True, temperature=0.0)
+    eval_gconfig = config.eval_gconfig or config.gconfig.new(
+        n_samples=1, greedy=True, temperature=0.0, return_routed_experts=False)
     # evaluation keeps the rule reward alone: held-out accuracy stays the verifiable one
     eval_workflow = build_workflow(config.workflow, eval_gconfig, tokenizer, **extra)
     eval_fn = load_eval_fn(config.evaluator.eval_fn)

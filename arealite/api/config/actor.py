@@ -129,12 +129,20 @@ class TrainEngineConfig(BaseConfig):
     lora: LoRAConfig | None = Field(
         None, description="Train a LoRA adapter (peft) over frozen base weights; null trains "
         "every weight. See docs/quickstart.md#lora.")
+    routing_replay: bool = Field(
+        False, description="Mixture-of-experts models: route each token through the experts "
+        "the inference server used for it (the trajectory's routed_experts), with gate weights "
+        "from this model's own router, in every forward (log-prob recompute and update); asks "
+        "the servers for them. See docs/moe.md.")
 
     @model_validator(mode="after")
     def _check_context_parallel(self) -> TrainEngineConfig:
         if self.context_parallel_size > 1 and self.attn_impl not in ("auto", "segments"):
             raise ValueError(f"context_parallel_size > 1 needs attn_impl auto or segments (the "
                              f"all-to-all wraps segment attention), not {self.attn_impl}")
+        if self.context_parallel_size > 1 and self.routing_replay:
+            raise ValueError("routing_replay with context_parallel_size > 1 is not supported yet "
+                             "(the routed experts are not split over the group like the tokens)")
         return self
 
 
