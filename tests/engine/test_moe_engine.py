@@ -12,11 +12,12 @@ from transformers import AutoModelForCausalLM
 from arealite.api.config.actor import LoRAConfig
 from arealite.api.io_struct import SaveLoadMeta
 from arealite.engine.fsdp_engine import FSDPEngine
+from arealite.engine.functional import gather_logprobs
 from tests.support.fsdp_helpers import engine_config, random_trajectories
 
 
-def _loss(logits, packed):
-    return -torch.log_softmax(logits.float(), -1).gather(1, packed["labels"][:, None]).mean()
+def _loss(logits, packed):  # logits, or the fused head's HeadInput (the default)
+    return -gather_logprobs(logits, packed["labels"]).mean()
 
 
 def test_moe_checkpoint_loads_with_transformers_and_lora_trains_attention(tiny_moe_dir, tmp_path):
