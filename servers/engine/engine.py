@@ -136,6 +136,13 @@ class Engine:
     def load(self) -> dict[str, int]:
         return {"num_running_reqs": len(self.running), "num_queue_reqs": len(self.waiting)}
 
+    def num_tokens(self) -> int:
+        """Tokens this server holds or will prefill: KV of running rows plus the waiting
+        sequences' prompt + output (SGLang's ``num_tokens`` load: used KV + pending prefill).
+        Read from the HTTP thread: snapshots of the lists, a momentary figure."""
+        return (sum(s.kv_len for s in list(self.running))
+                + sum(s.total_len() for s in list(self.waiting)))
+
     def gen_throughput(self) -> float:
         recent = list(self._recent)
         if len(recent) < 2:

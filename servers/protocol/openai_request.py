@@ -2,7 +2,9 @@
 sampling parameters, with SGLang's field mapping and a ``ValueError`` (a 400) for anything bad.
 
 Field mapping as SGLang's ``ChatCompletionRequest.to_sampling_params``: ``max_completion_tokens``
-wins over ``max_tokens`` (absent: up to the context), ``seed`` is ``sampling_seed``,
+wins over ``max_tokens`` (absent: up to the context on chat, 16 on completions, SGLang's and
+OpenAI's ``CompletionRequest`` default), ``seed`` is ``sampling_seed`` (choice ``j`` of ``n``
+samples with ``choice_seed(seed, j)``, so the choices differ and a rerun repeats them),
 ``min_tokens`` is ``min_new_tokens``; SGLang's extras (``top_k``, ``min_p``,
 ``repetition_penalty``, ``stop_token_ids``, ``ignore_eos``, ``skip_special_tokens``,
 ``no_stop_trim``) pass through. Chat messages go through the tokenizer's chat template with
@@ -18,6 +20,7 @@ from typing import Any
 
 from servers.protocol.request import SamplingParams
 
+COMPLETION_MAX_TOKENS = 16  # OpenAI's and SGLang's CompletionRequest.max_tokens default
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_TOP_LOGPROBS_CHAT = 20
 MAX_LOGPROBS_COMPLETION = 5
@@ -53,7 +56,21 @@ def _int_field(body: dict, name: str, lo: int, hi: int | None = None) -> int | N
     return v
 
 
-def _common(body: dict[str, Any], vocab_size: int) -> tuple[dict[str, Any], int, bool, bool]:
+def choice_seed(seed: int, j: int) -> int:
+    """The sampling seed of choice ``j`` of a seeded ``n > 1`` request: choice 0 keeps ``seed``
+    (so ``n=1`` repeats it), the others a splitmix64 mix of (seed, j) in the signed 64-bit
+    range. OpenAI's ``seed`` gives ``n`` different samples; one seed for all would repeat one."""
+    if j == 0:
+        return seed
+    z = (seed + j * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    z ^= z >> 31
+    return z - (1 << 64) if z >= 1 << 63 else z
+
+
+def _common(body: dict[str, Any], vocab_size: int,
+            default_max_tokens: int | None = None) -> tuple[dict[str, Any], int, bool, bool]:
     if not isinstance(body, dict):
         raise ValueError("the request body must be a JSON object")
     model = body.get("model")
@@ -63,7 +80,8 @@ def _common(body: dict[str, Any], vocab_size: int) -> tuple[dict[str, Any], int,
     mnt = _int_field(body, "max_completion_tokens", 1)
     if mnt is None:
         mnt = _int_field(body, "max_tokens", 1)
-    params["max_new_tokens"] = mnt  # None: up to the context, as SGLang's default
+    # None: up to the context (chat), as SGLang's default
+    params["max_new_tokens"] = mnt if mnt is not None else default_max_tokens
     min_tokens = _int_field(body, "min_tokens", 0)
     if min_tokens is not None:
         params["min_new_tokens"] = min_tokens
@@ -114,6 +132,8 @@ def normalize_messages(messages: Any) -> list[dict[str, Any]]:
         if role not in ROLES:
             raise ValueError(f"{where}: 'role' must be one of {list(ROLES)}, got {role!r}")
         msg: dict[str, Any] = {"role": role, "content": _text_of(m.get("content"), where)}
+        if role == "assistant" and msg["content"] is None:
+            msg["content"] = ""  # SGLang hands the template "" (templates concatenate it)
         if role == "tool":
             msg["tool_call_id"] = m.get("tool_call_id")
             if msg["content"] is None:
@@ -122,7 +142,7 @@ def normalize_messages(messages: Any) -> list[dict[str, Any]]:
         if role == "assistant" and calls:
             msg["tool_calls"] = [_parse_call(c, f"{where}.tool_calls[{j}]")
                                  for j, c in enumerate(calls)]
-        elif msg["content"] is None and role != "assistant":
+        elif msg["content"] is None:
             raise ValueError(f"{where}: content is required for role {role!r}")
         out.append(msg)
     return out
@@ -190,7 +210,7 @@ def parse_chat(body: dict[str, Any], tokenizer: Any, vocab_size: int) -> OpenAIR
 
 
 def parse_completion(body: dict[str, Any], tokenizer: Any, vocab_size: int) -> OpenAIRequest:
-    params, n, stream, usage = _common(body, vocab_size)
+    params, n, stream, usage = _common(body, vocab_size, COMPLETION_MAX_TOKENS)
     if body.get("suffix") is not None:
         raise ValueError("suffix is not supported")
     prompt = body.get("prompt")
