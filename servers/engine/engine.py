@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from servers.engine.grammar import apply_constraints
 from servers.engine.model_runner import ModelRunner
 from servers.engine.sampling import BatchSampling, apply_penalties, sample
 from servers.engine.sequence import Sequence, weight_version_spans
@@ -333,6 +334,11 @@ class Engine:
             if s.finished:
                 continue
             tok = tokens[i]
+            if s.grammar is not None and not s.grammar.terminated and not s.grammar.accept(tok):
+                # only when every allowed token was banned (min_new_tokens against an ended grammar)
+                self._finish(s, _internal_error(f"the grammar rejected the sampled token {tok}"))
+                done.append(s)
+                continue
             s.output_ids.append(tok)
             s.output_logprobs.append(logps[i])
             if s.top_logprobs_num > 0:
@@ -429,6 +435,10 @@ class Engine:
                 banned = set(p.stop_token_ids) | self.runner.eos_token_ids
                 if banned:
                     logits[i, torch.tensor(sorted(banned), device=logits.device)] = float("-inf")
+        # Grammar masks last, on the penalised and biased logits (SGLang: apply_logits_bias), so
+        # the reported logprob of a constrained token is in the grammar-restricted distribution.
+        constrained = [i for i, s in enumerate(seqs)
+                       if s.grammar is not None and not s.grammar.terminated]
         if pen_rows:
             apply_penalties(
                 logits, pen_rows, [(seqs[i].prompt, seqs[i].output_ids) for i in pen_rows],
@@ -436,6 +446,8 @@ class Engine:
                 [seqs[i].params.presence_penalty for i in pen_rows],
                 [seqs[i].params.repetition_penalty for i in pen_rows],
             )
+        if constrained:
+            apply_constraints(logits, constrained, [seqs[i].grammar for i in constrained])
 
     def _check_stop(self, s: Sequence, tok: int) -> dict[str, Any] | None:
         p = s.params
@@ -454,6 +466,8 @@ class Engine:
                     return {"type": "stop", "matched": m.group(0)}
         if len(s.output_ids) >= s.max_new_tokens:
             return {"type": "length", "length": len(s.output_ids)}
+        if s.grammar is not None and s.grammar.terminated:  # SGLang: FINISH_MATCHED_TOKEN
+            return {"type": "stop", "matched": tok}
         return None
 
     def _tail_text(self, s: Sequence) -> str:

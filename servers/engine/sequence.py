@@ -71,6 +71,7 @@ class Sequence:
     ever_ran: bool = False  # had a row at least once (for "Abort in waiting queue")
     vision: Any = None  # servers.engine.vision.VisionPrompt of a prompt with images
     lora: Any = None  # the LoRAAdapter it runs on (held, so an unload lets it finish)
+    grammar: Any = None  # servers.engine.grammar.Constraint of a structured-output request
 
     # engine bookkeeping
     kv_len: int = 0  # tokens of prompt + output held in this sequence's KV row

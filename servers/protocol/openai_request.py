@@ -26,7 +26,7 @@ MAX_TOP_LOGPROBS_CHAT = 20
 MAX_LOGPROBS_COMPLETION = 5
 _PASS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
          "repetition_penalty", "stop", "stop_token_ids", "n", "ignore_eos", "skip_special_tokens",
-         "no_stop_trim", "logit_bias")
+         "no_stop_trim", "logit_bias", "regex", "ebnf", "json_schema")
 
 
 @dataclass
@@ -43,6 +43,8 @@ class OpenAIRequest:
     tools: list[dict[str, Any]] | None = None
     prompt_texts: list[str] = field(default_factory=list)
     lora_path: Any = None  # SGLang's extra field: an adapter name, or one per prompt
+    # tool_choice "required" or a named function: the tools one call must be made to
+    forced_tools: list[dict[str, Any]] | None = None
 
 
 def _int_field(body: dict, name: str, lo: int, hi: int | None = None) -> int | None:
@@ -85,6 +87,9 @@ def _common(body: dict[str, Any], vocab_size: int,
     min_tokens = _int_field(body, "min_tokens", 0)
     if min_tokens is not None:
         params["min_new_tokens"] = min_tokens
+    schema = response_format_schema(body.get("response_format"))
+    if schema is not None:
+        params["json_schema"] = schema
     seed = body.get("seed")
     if seed is not None:
         if isinstance(seed, bool) or not isinstance(seed, int):
@@ -103,6 +108,40 @@ def _common(body: dict[str, Any], vocab_size: int,
     if opts and not stream:
         raise ValueError("stream_options is only allowed when stream is true")
     return params, sp.n, stream, bool(opts.get("include_usage"))
+
+
+def response_format_schema(rf: Any) -> str | None:
+    """SGLang's mapping of ``response_format`` to its ``json_schema`` sampling parameter:
+    ``json_object`` is ``{"type": "object"}``, ``json_schema`` its schema, ``text`` nothing."""
+    if rf is None:
+        return None
+    if not isinstance(rf, dict) or rf.get("type") not in ("text", "json_object", "json_schema"):
+        raise ValueError("response_format.type must be 'text', 'json_object' or 'json_schema'")
+    if rf["type"] == "json_object":
+        return '{"type": "object"}'
+    if rf["type"] == "json_schema":
+        spec = rf.get("json_schema")
+        schema = spec.get("schema", spec.get("schema_")) if isinstance(spec, dict) else None
+        if schema is None:
+            raise ValueError("schema_ is required for json_schema response format request.")
+        return schema if isinstance(schema, str) else json.dumps(schema)
+    return None
+
+
+def forced_tools(choice: Any, tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """The tools a ``tool_choice`` of ``"required"`` or ``{"type": "function", "function":
+    {"name": ...}}`` forces one call to (None for ``auto``/``none``/absent)."""
+    if choice in (None, "none", "auto"):
+        return None
+    if not tools:
+        raise ValueError("tool_choice 'required' or a named function needs tools")
+    if choice == "required":
+        return tools
+    name = (choice.get("function") or {}).get("name") if isinstance(choice, dict) else None
+    named = [t for t in tools if t["function"]["name"] == name]
+    if not named:
+        raise ValueError(f"tool_choice names function {name!r}, which is not in tools")
+    return named
 
 
 def _text_of(content: Any, where: str) -> str | None:
@@ -197,6 +236,13 @@ def parse_chat(body: dict[str, Any], tokenizer: Any, vocab_size: int) -> OpenAIR
         raise ValueError(f"tool_choice must be 'none', 'auto', 'required' or an object, got {choice!r}")
     if choice == "none":
         tools = None
+    forced = forced_tools(choice, tools)
+    if forced is not None:
+        if any(params.get(k) for k in ("json_schema", "regex", "ebnf")):
+            raise ValueError("tool_choice 'required' or a named tool cannot be combined with "
+                             "response_format, regex, or ebnf: the tool-call constraint and the "
+                             "output constraint cannot both be honored.")
+        tools = forced  # SGLang renders only the named tool
     logprobs = body.get("logprobs") or False
     if not isinstance(logprobs, bool):
         raise ValueError("logprobs must be a boolean")
@@ -206,7 +252,8 @@ def parse_chat(body: dict[str, Any], tokenizer: Any, vocab_size: int) -> OpenAIR
     ids = render_chat(tokenizer, messages, tools)
     return OpenAIRequest(model=body.get("model") or "", prompts=[ids], params=params, n=n,
                          stream=stream, include_usage=usage, logprobs=logprobs,
-                         top_logprobs=top, tools=tools, lora_path=body.get("lora_path"))
+                         top_logprobs=top, tools=tools, lora_path=body.get("lora_path"),
+                         forced_tools=forced)
 
 
 def parse_completion(body: dict[str, Any], tokenizer: Any, vocab_size: int) -> OpenAIRequest:

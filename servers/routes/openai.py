@@ -30,7 +30,7 @@ from servers.protocol.openai_request import (
     parse_chat,
     parse_completion,
 )
-from servers.protocol.request import SamplingParams
+from servers.protocol.request import GrammarSpec, SamplingParams
 from servers.protocol.responses import build_output
 from servers.protocol.tool_parser import BOT, held_back, parse_tool_calls
 from servers.routes import generate as gen
@@ -91,6 +91,10 @@ def _sequences(state: ServerState, req: OpenAIRequest) -> list[Sequence]:
     one = {k: v for k, v in req.params.items() if k != "n"}
     lora = openai_lora_path(req.model, _model_name(state), req.lora_path)
     adapters = request_adapters(state.runner.lora, lora, len(req.prompts))
+    if req.forced_tools and not state.args.tool_call_parser:
+        raise ValueError("tool_choice 'required' or a named function needs the server's "
+                         "--tool-call-parser (the forced call is written in its format)")
+    forced = GrammarSpec("tool_call", json.dumps(req.forced_tools)) if req.forced_tools else None
     # echo with logprobs scores the prompt too (SGLang: logprob_start_len 0 when both are set)
     start = 0 if req.echo and req.top_logprobs else -1
     for ids, adapter in zip(req.prompts, adapters):
@@ -98,6 +102,8 @@ def _sequences(state: ServerState, req: OpenAIRequest) -> list[Sequence]:
             params = SamplingParams.from_dict(one, state.runner.vocab_size)
             if params.sampling_seed is not None:
                 params.sampling_seed = choice_seed(params.sampling_seed, j)
+            if forced is not None:
+                params.grammar = forced
             prompt = gen._fit_context(list(ids), params, state.runner.context_len,
                                       state.args.allow_auto_truncate)
             seqs.append(Sequence(rid=uuid.uuid4().hex, prompt=prompt, params=params,
@@ -203,6 +209,7 @@ async def _serve(request: Request, chat: bool) -> Response:
         parse = parse_chat if chat else parse_completion
         req = parse(body, state.runner.tokenizer, state.runner.vocab_size)
         seqs = _sequences(state, req)
+        await gen.attach_grammars(state, seqs)
     except ValueError as e:
         return openai_error(str(e))
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
