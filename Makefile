@@ -65,7 +65,7 @@ $(LMEVAL_STAMP): Makefile
 	test -x $(LMEVAL_VENV)/bin/python || $(PYTHON) -m venv $(LMEVAL_VENV)
 	$(LMEVAL_VENV)/bin/python -m pip install -q --upgrade pip
 	$(LMEVAL_VENV)/bin/python -m pip install -q $(TORCH_SPEC)
-	$(LMEVAL_VENV)/bin/python -m pip install -q lm-eval==0.4.13
+	$(LMEVAL_VENV)/bin/python -m pip install -q 'lm-eval[api,hf]==0.4.13'
 	$(LMEVAL_VENV)/bin/lm_eval --help > /dev/null
 	touch $(LMEVAL_STAMP)
 

@@ -19,7 +19,9 @@ from typing import Any
 from arealite.api.config.run import LMEvalConfig
 
 
-def lm_eval_command(cfg: LMEvalConfig, address: str, tokenizer_path: str, out_dir: str) -> list[str]:
+def lm_eval_command(
+    cfg: LMEvalConfig, address: str, tokenizer_path: str, out_dir: str
+) -> list[str]:
     """The ``lm_eval`` command line for ``cfg`` against the server at ``address``."""
     model_args = {
         "model": "policy",
@@ -30,9 +32,20 @@ def lm_eval_command(cfg: LMEvalConfig, address: str, tokenizer_path: str, out_di
         "num_concurrent": str(cfg.num_concurrent),
         "max_retries": "3",
     }
-    cmd = [cfg.python, "-m", "lm_eval", "--model", "local-completions",
-           "--model_args", ",".join(f"{k}={v}" for k, v in model_args.items()),
-           "--tasks", ",".join(cfg.tasks), "--output_path", out_dir, "--log_samples"]
+    cmd = [
+        cfg.python,
+        "-m",
+        "lm_eval",
+        "--model",
+        "local-completions",
+        "--model_args",
+        ",".join(f"{k}={v}" for k, v in model_args.items()),
+        "--tasks",
+        ",".join(cfg.tasks),
+        "--output_path",
+        out_dir,
+        "--log_samples",
+    ]
     if cfg.include_path:
         cmd += ["--include_path", cfg.include_path]
     if cfg.limit is not None:
@@ -62,16 +75,24 @@ def read_results(out_dir: str) -> tuple[dict[str, float], list[dict[str, Any]]]:
     return metrics, samples
 
 
-def run_lm_eval(cfg: LMEvalConfig, addresses: list[str], tokenizer_path: str,
-                ) -> tuple[dict[str, float], list[dict[str, Any]]]:
+def run_lm_eval(
+    cfg: LMEvalConfig,
+    addresses: list[str],
+    tokenizer_path: str,
+) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """Run ``cfg.tasks`` against the first server; raises ``RuntimeError`` with lm-eval's
     output tail when it fails."""
     if not addresses:
         raise RuntimeError("lm-eval tasks need a server address; the eval engine has none")
     with tempfile.TemporaryDirectory(prefix="lm_eval_") as out_dir:
-        proc = subprocess.run(lm_eval_command(cfg, addresses[0], tokenizer_path, out_dir),
-                              capture_output=True, text=True, timeout=cfg.timeout)
+        proc = subprocess.run(
+            lm_eval_command(cfg, addresses[0], tokenizer_path, out_dir),
+            capture_output=True,
+            text=True,
+            timeout=cfg.timeout,
+        )
         if proc.returncode != 0:
-            raise RuntimeError(f"lm_eval exited with {proc.returncode}:\n"
-                               f"{(proc.stdout + proc.stderr)[-3000:]}")
+            raise RuntimeError(
+                f"lm_eval exited with {proc.returncode}:\n{(proc.stdout + proc.stderr)[-3000:]}"
+            )
         return read_results(out_dir)

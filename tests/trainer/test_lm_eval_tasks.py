@@ -70,8 +70,9 @@ class _Engine:  # what the evaluator reads of the eval engine: its servers
         self.addresses = [address]
 
 
-def test_lm_eval_multiple_choice_through_the_evaluator(tool_server, tool_model_dir, tmp_path,
-                                                       monkeypatch):
+def test_lm_eval_multiple_choice_through_the_evaluator(
+    tool_server, tool_model_dir, tmp_path, monkeypatch
+):
     if not LMEVAL_PY.exists():
         pytest.skip("lm-eval's virtualenv is missing (make setup-lmeval)")
     from transformers import AutoTokenizer
@@ -83,12 +84,25 @@ def test_lm_eval_multiple_choice_through_the_evaluator(tool_server, tool_model_d
     (tasks / "tiny_sums.yaml").write_text(TASK.format(data=data))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # nothing from a hub: local data and tokenizer
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    cfg = EvaluatorConfig(lm_eval=LMEvalConfig(tasks=["tiny_sums"], python=str(LMEVAL_PY),
-                                               include_path=str(tasks), num_concurrent=2,
-                                               timeout=600))
+    cfg = EvaluatorConfig(
+        lm_eval=LMEvalConfig(
+            tasks=["tiny_sums"],
+            python=str(LMEVAL_PY),
+            include_path=str(tasks),
+            num_concurrent=2,
+            timeout=600,
+        )
+    )
     tok = AutoTokenizer.from_pretrained(str(tool_model_dir))
-    out = run_evaluation(None, _Engine(tool_server), None, [], cfg,
-                         eval_fn=lambda engine, rows: {}, context={"tokenizer": tok})
+    out = run_evaluation(
+        None,
+        _Engine(tool_server),
+        None,
+        [],
+        cfg,
+        eval_fn=lambda engine, rows: {},
+        context={"tokenizer": tok},
+    )
     acc = out["eval/lm_eval/tiny_sums/acc"]
     assert acc == pytest.approx(transformers_accuracy(str(tool_model_dir)), abs=1e-9)
     assert "eval/lm_eval/tiny_sums/acc_stderr" in out and out["timeperf/eval"] > 0
