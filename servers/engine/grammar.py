@@ -2,10 +2,12 @@
 default grammar backend).
 
 A constrained sequence carries a ``Constraint`` (one xgrammar matcher). Each engine step, the
-rows that carry one get a token bitmask from their matcher and every token outside it is set
-to -inf in that row's logits, before sampling (rows without a constraint are not touched and
-no work is done when no row has one). The sampled token is then fed to the matcher; when the
-grammar has reached its end the sequence finishes, as SGLang's ``Req.check_finished`` does.
+rows that carry one get their grammar's mask added to their logits (every token outside it is
+-inf) before sampling; rows without a constraint are not touched and no work is done when no
+row has one. Feeding the sampled token to the matcher and building the next mask run in a
+worker thread during the next forward (SGLang overlaps its grammar work with the forward too);
+the step waits for it before sampling. A sampled stop token ends the grammar and the sequence
+(the mask allows one only where the grammar may end), as SGLang's ``Req.check_finished``.
 
 Logprob convention (SGLang's): the mask is applied to the logits in place with the penalties
 and the logit bias (``SamplingBatchInfo.apply_logits_bias`` in SGLang's ``ModelRunner.sample``)
@@ -31,32 +33,67 @@ from servers.protocol.request import ANY_JSON, GrammarSpec
 
 
 class Constraint:
-    """One sequence's grammar state (an xgrammar ``GrammarMatcher``)."""
+    """One sequence's grammar state (an xgrammar ``GrammarMatcher``).
+
+    The engine thread reads ``ended`` / ``rejected`` and takes ``next_mask``; between two steps
+    a worker thread runs ``advance`` (feed the sampled token, build the next mask) while the
+    next forward runs, so only the mask's addition to the logits stays in the step."""
 
     def __init__(self, compiled: Any) -> None:
         import xgrammar as xgr
 
         self.matcher = xgr.GrammarMatcher(compiled)
+        self.vocab_size = int(compiled.tokenizer_info.vocab_size)
+        self.stop_ids = frozenset(int(t) for t in self.matcher.stop_token_ids)
+        self.ended = False  # a stop token was sampled: the grammar is complete (SGLang: terminated)
+        self.rejected = False  # the matcher refused a sampled token (every allowed one was banned)
+        self._next: torch.Tensor | None = None  # additive mask (0 / -inf) for the next token
 
     def accept(self, token: int) -> bool:
         return bool(self.matcher.accept_token(int(token)))
 
-    @property
-    def terminated(self) -> bool:
-        return bool(self.matcher.is_terminated())
+    def sampled(self, token: int) -> bool:
+        """Record a sampled token in the engine thread; True when it must go to ``advance``.
+        The mask allows a stop token only where the grammar may end, so sampling one ends it."""
+        if int(token) in self.stop_ids:
+            self.ended = True
+            return False
+        return True
+
+    def advance(self, token: int) -> None:
+        """Feed ``token`` to the matcher and build the next mask (worker thread)."""
+        if not self.accept(token):
+            self.rejected = True
+        elif not self.matcher.is_terminated():
+            self._next = self._mask()
+
+    def next_mask(self) -> torch.Tensor:
+        """The additive mask for the next token (built now when no ``advance`` prepared it)."""
+        mask, self._next = self._next, None
+        return mask if mask is not None else self._mask()
+
+    def _mask(self) -> torch.Tensor:
+        import xgrammar as xgr
+
+        bits = xgr.allocate_token_bitmask(1, self.vocab_size)
+        self.matcher.fill_next_token_bitmask(bits, 0)
+        add = torch.zeros(1, self.vocab_size)
+        xgr.apply_token_bitmask_inplace(add, bits)
+        return add[0]
+
+
+def advance_all(jobs: list[tuple[Constraint, int]]) -> None:
+    for c, tok in jobs:
+        c.advance(tok)
 
 
 def apply_constraints(logits: torch.Tensor, rows: list[int], constraints: list[Constraint]) -> None:
-    """Set every token a row's grammar forbids to -inf, in place, for the listed rows."""
-    import xgrammar as xgr
-
-    mask = xgr.allocate_token_bitmask(len(rows), logits.shape[-1])
-    for k, c in enumerate(constraints):
-        c.matcher.fill_next_token_bitmask(mask, k)
+    """Set every token a row's grammar forbids to -inf, in place, for the listed rows (the
+    masks' columns past the grammar's vocabulary, padding of the logits, stay as they are)."""
+    add = torch.stack([c.next_mask() for c in constraints]).to(logits.device, logits.dtype)
     idx = torch.tensor(rows, device=logits.device)
-    sub = logits.index_select(0, idx)
-    xgr.apply_token_bitmask_inplace(sub, mask.to(logits.device))
-    logits.index_copy_(0, idx, sub)
+    width = min(add.shape[-1], logits.shape[-1])
+    logits[idx, :width] += add[:, :width]
 
 
 def tool_call_pieces(tools: list[dict[str, Any]]) -> list[tuple[str, str]]:

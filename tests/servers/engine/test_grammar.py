@@ -30,7 +30,8 @@ def test_mask_matches_a_reference_loop_and_leaves_other_rows(backend, tiny_token
 
     spec = GrammarSpec("regex", "[0-9]{2}")
     cons = [Constraint(backend.compile(spec)) for _ in range(2)]
-    assert cons[1].accept(tiny_tokenizer.encode("7", add_special_tokens=False)[0])
+    cons[1].advance(tiny_tokenizer.encode("7", add_special_tokens=False)[0])  # as the worker does
+    assert not cons[1].rejected and cons[1]._next is not None
     logits = torch.randn(4, len(tiny_tokenizer), generator=torch.Generator().manual_seed(0))
     before = logits.clone()
     apply_constraints(logits, [1, 3], cons)
