@@ -13,7 +13,6 @@ import pytest
 from arealite.api.config.run import EvaluatorConfig, LMEvalConfig
 from arealite.trainer.eval_hook import run_evaluation
 
-pytestmark = pytest.mark.integration
 LMEVAL_PY = Path(__file__).resolve().parents[2] / ".venv-lmeval" / "bin" / "python"
 
 DOCS = [
@@ -70,6 +69,8 @@ class _Engine:  # what the evaluator reads of the eval engine: its servers
         self.addresses = [address]
 
 
+@pytest.mark.integration
+@pytest.mark.long  # lm-eval alone takes about a minute on 2 busy cores
 def test_lm_eval_multiple_choice_through_the_evaluator(
     tool_server, tool_model_dir, tmp_path, monkeypatch
 ):
