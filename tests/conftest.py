@@ -88,7 +88,8 @@ def tool_server(tool_model_dir):
 
     with embedded_server(str(tool_model_dir), ["--random-seed", "0", "--tool-call-parser",
                                                "qwen25", "--weight-version", "0",
-                                               "--enable-metrics"]) as addr:
+                                               "--enable-metrics",
+                                               "--constrained-json-disable-any-whitespace"]) as addr:
         yield addr
 
 

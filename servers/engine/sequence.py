@@ -73,6 +73,7 @@ class Sequence:
     lora: Any = None  # the LoRAAdapter it runs on (held, so an unload lets it finish)
     # servers.engine.routed_experts.SequenceRouting when the request set return_routed_experts
     routing: Any = None
+    grammar: Any = None  # servers.engine.grammar.Constraint of a structured-output request
 
     # engine bookkeeping
     kv_len: int = 0  # tokens of prompt + output held in this sequence's KV row

@@ -17,6 +17,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from servers.engine.grammar import attach_constraints
 from servers.engine.lora import request_adapters
 from servers.engine.routed_experts import SequenceRouting
 from servers.engine.sequence import Sequence
@@ -116,6 +117,15 @@ def _sequences(norm: NormalizedGenerate, prompts: list[list[int]]) -> list[Seque
     ]
 
 
+async def attach_grammars(state: ServerState, seqs: list[Sequence]) -> None:
+    """Compile the sequences' grammars (structured outputs) off the event loop; a grammar that
+    does not compile is a ``ValueError`` (a 400)."""
+    if any(s.params.grammar is not None for s in seqs):
+        r = state.runner
+        await asyncio.to_thread(attach_constraints, state, r.tokenizer, r.vocab_size,
+                                r.eos_token_ids, seqs)
+
+
 def _attach(seqs: list[Sequence], q: asyncio.Queue) -> None:
     loop = asyncio.get_running_loop()
     for i, s in enumerate(seqs):
@@ -187,6 +197,12 @@ async def generate(obj: GenerateReqInput, request: Request) -> Response:
         s.vision = vp
         s.lora = adapter
         s.routing = rt
+    try:
+        await attach_grammars(state, seqs)
+    except ValueError as e:
+        if obj.stream:
+            return StreamingResponse(_stream_error(str(e)), media_type="text/event-stream")
+        return error_response(str(e))
     if norm.stream:
         return StreamingResponse(_stream(state, norm, seqs, request), media_type="text/event-stream")
     await state.wait_unpaused()
