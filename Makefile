@@ -75,11 +75,11 @@ $(TRL_STAMP): benchmarks/trl_requirements.txt Makefile
 	touch $(TRL_STAMP)
 
 run: $(STAMP)
-	$(VENV)/bin/arealite main-job
+	$(VENV)/bin/arealite main-job launcher.overwrite=true
 
 # docs/agents.md: a calculator-calling agent trained through the agent proxy
 run-agent: $(STAMP)
-	$(VENV)/bin/arealite agent-job
+	$(VENV)/bin/arealite agent-job launcher.overwrite=true
 
 # The three virtualenvs are built side by side (-j3): a clean clone's setup is mostly waiting on
 # downloads and unpacking, so this takes about the longest one's time instead of the sum.

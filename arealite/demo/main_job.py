@@ -27,6 +27,7 @@ SFT_CONFIG = "configs/toy_sft.yaml"
 # 0.16 -> 0.34, whose model GRPO lifted slowly); sampled greedy accuracy at GRPO
 # step 0 is then about 0.5, leaving the rise to RL.
 SFT_STOP_ACCURACY = 0.35
+WARM_START_TRIAL = "warm-start"
 
 
 def build_assets(assets: Path) -> None:
@@ -55,7 +56,10 @@ def ensure_sft(sft_model: Path, sft_cmd: list[str], label: str = "SFT warm start
         print(f"== 2/3 {label}: reusing {sft_model}", flush=True)
         return 0
     print(f"== 2/3 {label} -> {sft_model}", flush=True)
-    return launch([*sft_cmd, f"output_dir={sft_model}"])
+    # a trial of its own: `arealite train <sft config>` by hand runs in the config's trial and
+    # writes its model there, never over the warm start the RL runs load
+    return launch([sft_cmd[0], f"trial_name={WARM_START_TRIAL}", *sft_cmd[1:],
+                   f"output_dir={sft_model}"])
 
 
 def ensure_sft_model(assets: Path, fileroot: str | Path, sft_model: Path | None = None) -> int:
@@ -79,7 +83,9 @@ def run_job(overrides: list[str] | None, *, grpo_config: str, sft_config: str, a
             sft_args: list[str], steps: tuple[str, str, str]) -> int:
     """Build assets, warm-start by SFT (once), run GRPO through the local launcher, draw the
     curve: the main job and the agent job (``agent_job.py``) differ only in what they pass."""
+    from arealite.launcher import run_folder
     from arealite.launcher.local import main as launch
+    from arealite.launcher.plan import LaunchError
     from arealite.observe.stats_logger import plot_metrics
 
     overrides, sft_overrides = split_sft_overrides(overrides)
@@ -88,8 +94,10 @@ def run_job(overrides: list[str] | None, *, grpo_config: str, sft_config: str, a
         assets = Path(fileroot) / assets_dir
         overrides = asset_args(assets, "actor.path") + list(overrides or [])
         grpo = load_config(grpo_config, overrides)
-    except ConfigError as e:
-        print(f"arealite: config error: {e}", file=sys.stderr)
+        run_folder.claim(grpo, grpo.launcher.mode)  # refused now, not after the SFT warm start
+    except (ConfigError, LaunchError) as e:
+        print(f"arealite: {'config' if isinstance(e, ConfigError) else 'launch'} error: {e}",
+              file=sys.stderr)
         return 2
     t0 = time.monotonic()
     print(f"== 1/3 {steps[0]}", flush=True)
@@ -103,7 +111,7 @@ def run_job(overrides: list[str] | None, *, grpo_config: str, sft_config: str, a
     code = launch([grpo_config, *overrides])
     out = grpo.run_dir()
     metrics = out / "logs" / "metrics.jsonl"
-    if metrics.is_file():
+    if code == 0 and metrics.is_file():  # a failed run's outputs are not announced
         png = out / "reward_curve.png"
         plot_metrics(metrics, png, keys=["reward", "eval/accuracy"],
                      title=f"{grpo.experiment_name}/{grpo.trial_name}: reward, held-out accuracy")

@@ -29,10 +29,11 @@ from pathlib import Path
 from arealite.api.config.experiment import BaseExperimentConfig, GRPOConfig
 from arealite.api.config.loader import ConfigError, load_config, to_yaml
 from arealite.api.reward_model_api import RM_ADDRS_ENV
-from arealite.launcher import plan
+from arealite.launcher import plan, run_folder
 from arealite.launcher import reward_model_servers as rm
 from arealite.launcher.plan import LaunchError, ProcSpec
 from arealite.launcher.preflight import check_modules
+from arealite.launcher.preflight_inputs import check_inputs
 from arealite.launcher.server_cycle import CYCLE_ENV, ServerCycleHost, write_atomic
 from arealite.launcher.supervisor import Console, ManagedProcess, stop_all
 from arealite.observe.scrape_config import write_scrape_config
@@ -325,10 +326,11 @@ def _health_ok(addr: str | None) -> bool:
         return False
 
 
-def dry_run(launcher: LocalLauncher) -> str:
+def dry_run(launcher: LocalLauncher, folder: run_folder.Claim | None = None) -> str:
     servers, trainer = launcher.plan()
     lines = [f"# resolved config (kind={launcher.cfg.kind})", to_yaml(launcher.cfg).rstrip(),
              f"# mode={launcher.mode()}; logs would go to {launcher.log_dir}",
+             *([f"# run folder {folder.run_dir}: {folder.action}"] if folder else []),
              "# commands (each in its own process group):"]
     lines += [s.shell() for s in servers]
     if trainer is not None:
@@ -352,17 +354,23 @@ def main(argv: list[str] | None = None) -> int:
         launcher = LocalLauncher(cfg, args.config, list(args.overrides))
         if launcher.mode() != "server_only":
             check_modules(cfg, args.config)  # one line now, not torchrun's traceback later
+            check_inputs(cfg)  # data, reward, eval hook, models, context, ports
+        folder = run_folder.claim(cfg, launcher.mode())
         if args.dry_run:
-            sys.stdout.write(dry_run(launcher))
+            sys.stdout.write(dry_run(launcher, folder))
             return 0
-        launcher.mode()  # validate before creating anything
     except (ConfigError, LaunchError) as e:
         print(f"arealite: {'config' if isinstance(e, ConfigError) else 'launch'} error: {e}",
               file=sys.stderr)
         return 2
+    folder.apply()  # overwrite: the earlier run's files go before anything of this one is written
     log_dir = plan.log_dir(cfg)
     log_dir.mkdir(parents=True, exist_ok=True)
     launcher.console = Console(log_file=Path(log_dir) / "launcher.log")
+    if folder.action != "fresh":
+        launcher.say(f"{folder.action}: {folder.run_dir}"
+                     + (" (launcher.overwrite=true)" if folder.action == "overwrite"
+                        else " from its newest recovery checkpoint"))
     old = {}
     if threading.current_thread() is threading.main_thread():
         def on_signal(signum, _frame):
