@@ -104,8 +104,7 @@ def run_job(overrides: list[str] | None, *, grpo_config: str, sft_config: str, a
     build(assets)
     code = ensure_sft(Path(grpo.actor.path), [sft_config, *asset_args(assets, "model.path"),
                                               f"cluster.fileroot={fileroot}", *sft_args, *sft_overrides], steps[1])
-    if code != 0:
-        print(f"arealite: SFT warm start failed (exit {code})", file=sys.stderr)
+    if code != 0:  # the launcher said what failed, once, with its log (outputs/toy-sft/...)
         return code
     print(f"== 3/3 {steps[2].format(backend=grpo.launcher.server_backend)}", flush=True)
     code = launch([grpo_config, *overrides])

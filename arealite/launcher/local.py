@@ -61,6 +61,7 @@ class LocalLauncher:
         self.signum: int | None = None
         self.cycle: ServerCycleHost | None = None  # launcher.colocate_servers=recreate
         self.servers_down = False  # stopped on the trainer's request, not failed
+        self.failed = False  # a part failed and said so: the rest stop without more lines
 
     # ------------------------------------------------------------------ planning
     def mode(self) -> str:
@@ -120,10 +121,9 @@ class LocalLauncher:
             raise _Stop()
 
     def _fail(self, part: ManagedProcess, why: str, code: int | None) -> int:
-        lines = part.tail()
-        self.say(f"{part.name} {why}; its last {len(lines)} lines ({part.log_path}):", err=True)
-        for line in lines:
-            self.console.line(f"{part.name}:tail", line, sys.stderr)
+        """One line: what failed, its last error, where the whole of it is (its log file)."""
+        self.failed = True
+        self.say(f"{part.name} {why}: {part.what_failed()} (full log: {part.log_path})", err=True)
         return code if code not in (None, 0) else 1
 
     def _wait_healthy(self, servers: list[ManagedProcess] | None = None) -> int | None:
@@ -190,6 +190,7 @@ class LocalLauncher:
                     if rc.mode == "auto" and ckpt is not None and restarts < rc.retries:
                         restarts += 1
                         self._fail(self.trainer, f"exited with code {code}", code)
+                        self.failed = False  # restarted: the run goes on
                         self.trainer.stop(self.lc.stop_grace)  # leftover workers, if any
                         assert trainer_spec is not None
                         # only the live servers: a restarted trainer waits for every server
@@ -291,11 +292,13 @@ class LocalLauncher:
             return self._monitor(trainer_spec)
         except _Stop:
             name = signal.Signals(self.signum).name if self.signum else "signal"
-            self.say(f"{name} received: stopping everything", err=True)
+            self.say(f"{name} received: stopping everything (logs in {self.log_dir})", err=True)
             return 128 + (self.signum or 0)
         finally:
             parts = [*([self.trainer] if self.trainer else []), *self.servers]
-            if parts:
+            # what the parts print while they are stopped (signal tracebacks) stays in their logs
+            self.console.children_muted = True
+            if parts and not self.failed and self.signum is None:
                 self.say(f"stopping {', '.join(p.name for p in parts)}")
                 if self.trainer is not None:  # the trainer first: it may still talk to servers
                     self.trainer.stop(self.lc.stop_grace)
@@ -379,7 +382,8 @@ def main(argv: list[str] | None = None) -> int:
             old[sig] = signal.signal(sig, on_signal)
     try:
         code = launcher.run()
-        launcher.say(f"exit status {code}; logs in {log_dir}", err=code != 0)
+        if not launcher.failed and launcher.signum is None:  # a failure or a stop said it already
+            launcher.say(f"exit status {code}; logs in {log_dir}", err=code != 0)
     except LaunchError as e:
         print(f"arealite: launch error: {e}", file=sys.stderr)
         code = 2
