@@ -86,7 +86,7 @@ def run_job(overrides: list[str] | None, *, grpo_config: str, sft_config: str, a
     from arealite.launcher import run_folder
     from arealite.launcher.local import main as launch
     from arealite.launcher.plan import LaunchError
-    from arealite.observe.stats_logger import plot_metrics
+    from arealite.observe.stats_logger import plot_metrics, read_metrics
 
     overrides, sft_overrides = split_sft_overrides(overrides)
     try:
@@ -112,8 +112,11 @@ def run_job(overrides: list[str] | None, *, grpo_config: str, sft_config: str, a
     metrics = out / "logs" / "metrics.jsonl"
     if code == 0 and metrics.is_file():  # a failed run's outputs are not announced
         png = out / "reward_curve.png"
-        plot_metrics(metrics, png, keys=["reward", "eval/accuracy"],
-                     title=f"{grpo.experiment_name}/{grpo.trial_name}: reward, held-out accuracy")
+        # the title names only the curves drawn (the agent job logs no eval/accuracy)
+        names = {"reward": "reward", "eval/accuracy": "held-out accuracy"}
+        drawn = [n for k, n in names.items() if any(r.get(k) is not None for r in read_metrics(metrics))]
+        plot_metrics(metrics, png, keys=list(names),
+                     title=f"{grpo.experiment_name}/{grpo.trial_name}: {', '.join(drawn)}")
         print(f"\nDone in {time.monotonic() - t0:.0f}s (exit {code}). Outputs:")
         print(f"  metrics:      {metrics}")
         print(f"  tensorboard:  {out / 'logs' / 'tensorboard'}")
