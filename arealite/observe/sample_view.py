@@ -35,8 +35,8 @@ def _clip(text: str, n: int, keep_end: bool) -> str:
 
 def format_samples(batch: dict[str, Any], tokenizer: Any, step: int, n: int) -> list[str]:
     """One line per shown sample: ``sample (step s) reward r | 'prompt end' -> 'reply'``."""
-    if n <= 0 or "rewards" not in batch or "loss_mask" not in batch:
-        return []
+    if n <= 0 or not all(k in batch for k in ("input_ids", "loss_mask", "rewards")):
+        return []  # not a trajectory batch (a trainer's own stats only)
     rewards = [float(r) for r in batch["rewards"].reshape(-1).tolist()]
     lines = []
     for i in pick_rows(rewards, n):

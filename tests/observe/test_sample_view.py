@@ -43,3 +43,4 @@ def test_samples_show_prompt_end_reply_and_reward():
     assert long.startswith("sample (step 1) reward 0.500 | '…" + "x" * 58 + "? ' -> 'yyy")
     assert long.endswith("y…'") and len(long) < 300
     assert format_samples(batch, _CharTokenizer(), step=1, n=0) == []
+    assert format_samples({"rewards": batch["rewards"]}, _CharTokenizer(), step=1, n=2) == []

@@ -18,6 +18,9 @@ COMMAND_START = re.compile(r"^(make |\.venv/bin/|\.venv-vllm/bin/|arealite |pyth
                            r"docker |prometheus |torchrun |ray |sbatch )")
 # placeholders of the docs, and the values the test computes for them
 PLACEHOLDERS = {"$LR": "1e-3"}
+# a command checked as a dry run whose output a later command reads: after it, the test puts a
+# real model there (the tiny model stands in for the trained one; the checks read its files)
+PRODUCES = {"arealite train own_task_sft.yaml": "outputs/own-task-sft/run0/model"}
 
 
 @dataclass(frozen=True)
