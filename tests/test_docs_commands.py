@@ -75,7 +75,18 @@ def test_no_untagged_command_block():
     assert not bad, f"tag these blocks ```bash (or move the command out): {bad}"
 
 
-def test_every_documented_command_works_as_written(work, tiny_model_dir, monkeypatch, capsys):
+@pytest.fixture
+def forget_user_modules(work):
+    """The own-task modules (reward, evaluate, options) imported from the copy are dropped
+    afterwards, so no later test in this process finds them under those names."""
+    yield
+    for name, mod in list(sys.modules.items()):
+        if str(getattr(mod, "__file__", "") or "").startswith(str(work)):
+            del sys.modules[name]
+
+
+def test_every_documented_command_works_as_written(work, tiny_model_dir, monkeypatch, capsys,
+                                                   forget_user_modules):
     unplanned, failed, skipped = [], [], []
     for doc in docs():
         for cmd in commands(doc):
