@@ -18,7 +18,7 @@ TRL_STAMP := $(TRL_VENV)/.trl-installed
 export OMP_NUM_THREADS ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup setup-areal setup-vllm setup-trl run run-agent test test-unit test-slurm lint docs bench observe clean
+.PHONY: setup setup-areal setup-vllm setup-trl run run-agent test test-unit test-slurm lint docs bench observe clean gpu-check gpu-check-prepare gpu-check-cpu
 
 setup: $(STAMP)
 
@@ -123,6 +123,20 @@ observe: $(STAMP)
 	@test "$$(id -u)" = 0 || command -v prometheus >/dev/null || { echo "make observe: run as root (it installs Debian's prometheus)"; exit 2; }
 	command -v prometheus >/dev/null || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y prometheus; }
 	$(PY) -m benchmarks.studies.observe $(OBSERVE_ARGS)
+
+# The device check (docs/gpu_check.md). Here: `make gpu-check-prepare` downloads the pinned wheels
+# the lent GPU machine lacks into .whl/ and checks that they travel (<= 64 MiB with the tree);
+# `make gpu-check-cpu` runs every part on CPU, tiny. On a GPU host: `make gpu-check` (PY=python3
+# where there is no .venv); on the lent machine, the one `run` call of docs/gpu_check.md.
+GPU_CHECK_OUT ?= benchmarks/results/gpu_check
+gpu-check-prepare: $(STAMP)
+	$(PY) -m benchmarks.gpu_check.prepare
+
+gpu-check:
+	$(PY) -m benchmarks.gpu_check.run --device cuda --out $(GPU_CHECK_OUT)
+
+gpu-check-cpu: $(STAMP)
+	$(PY) -m benchmarks.gpu_check.run --device cpu --quick --out $(GPU_CHECK_OUT)/cpu
 
 clean:
 	rm -rf $(VENV) $(AREAL_VENV) $(VLLM_VENV) $(TRL_VENV) outputs .pytest_cache .ruff_cache

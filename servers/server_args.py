@@ -48,6 +48,7 @@ class ServerArgs:
     health_stall_timeout: float = 60.0
     is_embedding: bool = False
     enable_lora: bool = False
+    enable_return_routed_experts: bool = False
     lora_paths: list[str] = dataclasses.field(default_factory=list)
     max_loras_per_batch: int = 8
     max_lora_rank: int | None = None
@@ -93,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key", default=None, help=f"default: ${API_KEY_ENV}")
     p.add_argument("--admin-api-key", default=None, help=f"default: ${ADMIN_API_KEY_ENV}")
     p.add_argument("--enable-metrics", action="store_true")
+    p.add_argument("--enable-return-routed-experts", action="store_true",
+                   help="record each token's routed experts (MoE models) for requests that set "
+                   "return_routed_experts")
     p.add_argument("--log-level", default="info",
                    choices=["debug", "info", "warning", "error", "critical"])
     p.add_argument("--served-model-name", default=None)

@@ -33,6 +33,16 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_moe_dir(tmp_path_factory) -> Path:
+    """An HF directory with the tiny Qwen3-MoE model (4 experts, top-2) and its tokenizer."""
+    from arealite.demo.tiny import TinyModelSpec, build_tiny_model
+    from tests.support.built_once import built_once
+
+    return built_once(tmp_path_factory, "tiny_moe",
+                      lambda d: build_tiny_model(d, TinyModelSpec(moe=True)))
+
+
+@pytest.fixture(scope="session")
 def tiny_tokenizer(tiny_model_dir):
     from transformers import AutoTokenizer
 

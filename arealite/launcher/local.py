@@ -32,7 +32,7 @@ from arealite.api.reward_model_api import RM_ADDRS_ENV
 from arealite.launcher import plan, run_folder
 from arealite.launcher import reward_model_servers as rm
 from arealite.launcher.plan import LaunchError, ProcSpec
-from arealite.launcher.preflight import check_modules
+from arealite.launcher.preflight import check_context_parallel, check_modules
 from arealite.launcher.preflight_inputs import check_inputs
 from arealite.launcher.server_cycle import CYCLE_ENV, ServerCycleHost, write_atomic
 from arealite.launcher.supervisor import Console, ManagedProcess, stop_all
@@ -357,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         launcher = LocalLauncher(cfg, args.config, list(args.overrides))
         if launcher.mode() != "server_only":
             check_modules(cfg, args.config)  # one line now, not torchrun's traceback later
+            check_context_parallel(cfg)
             check_inputs(cfg)  # data, reward, eval hook, models, context, ports
         folder = run_folder.claim(cfg, launcher.mode())
         if args.dry_run:

@@ -102,6 +102,10 @@ class TrainerMetrics:
         self.sync_seconds = Histogram("arealite_weight_update_seconds",
                                       "Client-side seconds of each weight update (pause to resume on the servers)",
                                       buckets=PHASE_BUCKETS, registry=r)
+        self.consistency = Gauge(
+            "arealite_trainer_consistency",
+            "The consistency gate's last figures, worst server (consistency/*: kl_mean, kl_max, "
+            "max_logprob_gap, argmax_mismatch, servers_failed, ...)", ["figure"], registry=r)
         self._stale_keys: set[str] = set()
 
     def record_step(self, step: int, version: int, stats: dict[str, float], rollout: Any = None) -> None:
@@ -127,6 +131,9 @@ class TrainerMetrics:
         for k, v in hist.items():
             self.stale_hist.labels(k).set(v)
         self._stale_keys |= hist.keys()
+        for k, v in stats.items():
+            if k.startswith("consistency/"):
+                self.consistency.labels(k.split("/", 1)[1]).set(float(v))
         report = getattr(rollout, "last_weight_update", None)
         if report is not None and getattr(report, "version", None) == version:
             self.sync_seconds.observe(report.seconds)

@@ -306,7 +306,10 @@ class Engine:
             starts = torch.tensor([s.kv_len for s in old], device=runner.device)
             hidden.append(runner.forward(0, tokens, starts, _vision_rows(old),
                                          [s.lora for s in old])[:, 0])
-            for s in old:
+            routed = runner.routed.take(len(old), 1) if runner.routed is not None else None
+            for i, s in enumerate(old):
+                if s.routing is not None:
+                    s.routing.write(s.kv_len, routed[i])
                 s.kv_len += 1
         if new:
             hidden.append(self._prefill(len(old), new))
@@ -352,7 +355,10 @@ class Engine:
         runner = self.runner
         feeds = [s.feed_tokens() for s in new]
         hid, pick = prefill_distinct(runner, r0, new, feeds)
+        routed = runner.routed.take(*hid.shape[:2]) if runner.routed is not None else None
         for b, s in enumerate(new):
+            if s.routing is not None:  # a prefill feeds from position 0 (kv_len is 0)
+                s.routing.write(s.kv_len, routed[pick[b], : len(feeds[b])])
             s.kv_len = len(feeds[b])
             if s.return_logprob and s.input_logprobs is None and not s.output_ids:
                 self._input_logprobs(s, hid[pick[b]])

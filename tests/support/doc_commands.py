@@ -45,12 +45,15 @@ RULES: list[tuple[str, str, str]] = [
     (_ARE + r"train .*--dry-run$", "run", "a dry run: every pre-launch check, nothing started"),
     (_ARE + r"train ", "dry-run", "servers and a trainer for minutes (or GPUs): the dry run "
      "makes every pre-launch check of the same command"),
+    (_ARE + r"main-job --moe", "skip", "the MoE job builds its own assets (minutes); "
+     "tests/trainer/test_moe_grpo.py runs its GRPO with routing replay"),
     (_ARE + r"(main|agent|vision)-job", "job-config", "a whole job (minutes): its GRPO and SFT "
      "configs are resolved with the command's overrides"),
     (r"^make run$", "job-config", "the main job (minutes), as `arealite main-job`"),
     (r"^\.venv/bin/python -c \"from arealite\.demo\.toy_math import", "run", "seconds"),
     (r"^python make_data\.py$", "run", "seconds"),
     (r"^make (test|setup-vllm)", "skip", "the suite itself / an install"),
+    (r"^make gpu-check", "skip", "a benchmark of minutes (tests/benchmarks/gpu_check runs its parts)"),
     (r"^\.venv/bin/python -m pytest", "skip", "the suite itself"),
     (r"^(ray |RAY_ADDRESS=|python -m arealite\.launcher\.ray )", "skip",
      "a Ray cluster (tests/launcher/test_launcher_ray.py starts one)"),
