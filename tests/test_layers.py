@@ -30,7 +30,8 @@ ALLOWED: dict[str, set[str]] = {
     "arealite.trainer": {"arealite.launcher", "arealite.engine", "arealite.rollout",
                          "arealite.weights", "arealite.backends", "arealite.observe",
                          "arealite.dataset", "arealite.utils", "arealite.api"},
-    "arealite.launcher": {"arealite.backends", "arealite.observe", "arealite.utils", "arealite.api"},
+    "arealite.launcher": {"arealite.backends", "arealite.observe", "arealite.dataset",
+                          "arealite.utils", "arealite.api"},
     # algorithms and engines: the trainer side and the client side never import each other;
     # both reach the servers' weights through the weights room
     "arealite.engine": {"arealite.weights", "arealite.observe", "arealite.utils", "arealite.api"},

@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import logging
-import math
 import multiprocessing as mp
 import os
 import pickle
@@ -37,6 +36,7 @@ from typing import Any
 from arealite.api.reward_api import (
     REWARD_FAILURE_POLICIES,
     RewardFailed,
+    as_reward,
     count_reward,
     is_inline,
     observe_reward_call,
@@ -47,13 +47,6 @@ logger = logging.getLogger("workflows.reward_pool")
 # How long a fresh worker may take to import the reward's module (sympy, for example) before
 # its first call; this is not charged to the call's own timeout.
 LOAD_TIMEOUT = 120.0
-
-
-def _to_reward(value: Any) -> float:
-    r = float(value)
-    if math.isnan(r):
-        raise ValueError("reward is NaN")
-    return r
 
 
 # --------------------------------------------------------------------------- worker side
@@ -77,7 +70,7 @@ def _worker_main(conn) -> None:
                 reply = ("ok", None)
             else:
                 args, kwargs = body
-                reply = ("ok", _to_reward(fns[key](*args, **kwargs)))
+                reply = ("ok", as_reward(fns[key](*args, **kwargs)))
         except BaseException as e:  # noqa: BLE001 - report everything, keep serving
             reply = ("err", f"{type(e).__name__}: {e}")
         try:
@@ -253,7 +246,7 @@ async def compute_reward(
         count_reward("calls")
         count_reward("inline")
         try:
-            r: float | None = _to_reward(fn(*args, **kwargs))
+            r: float | None = as_reward(fn(*args, **kwargs))
             count_reward("ok")
         except Exception as e:  # noqa: BLE001 - counted; the policy decides what it costs
             count_reward("errors")

@@ -13,6 +13,8 @@ importing the workflows that increment them: the arrow points down, into the API
 from __future__ import annotations
 
 import functools
+import math
+import numbers
 import pickle
 import threading
 from collections.abc import Callable
@@ -77,6 +79,20 @@ def is_inline(fn: Callable) -> bool:
     while isinstance(fn, functools.partial):
         fn = fn.func
     return bool(getattr(fn, "arealite_inline", False))
+
+
+def as_reward(value: Any) -> float:
+    """A reward function's return value as a float; ``TypeError``/``ValueError`` (one line) for
+    anything but a real number: a string "1.0" or a tensor is a bug in the reward, not a score
+    to guess at, so its episode is rejected with this message."""
+    if isinstance(value, numbers.Real):  # int, float, bool, numpy's real scalars
+        r = float(value)
+    else:
+        raise TypeError(f"the reward returned {type(value).__name__} {value!r:.40}, not a number "
+                        "(return a float)")
+    if math.isnan(r):
+        raise ValueError("the reward returned NaN")
+    return r
 
 
 def check_reward_fn(fn: Any) -> None:

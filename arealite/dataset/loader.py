@@ -11,15 +11,21 @@ from typing import Any
 from arealite.api.config.dataset import DatasetConfig
 
 
-def load_rows(config: DatasetConfig) -> list[dict[str, Any]]:
-    """All rows of the configured split as plain dicts (an ``id`` is added when missing)."""
+def local_file(config: DatasetConfig) -> Path | None:
+    """The local file the split is read from (it may not exist), or None for a hub data set."""
     if not config.path:
         raise ValueError("dataset path is empty")
     p = Path(config.path)
     if p.is_dir():
         p = next((p / f"{config.split}.{e}" for e in ("jsonl", "json", "csv")
                   if (p / f"{config.split}.{e}").is_file()), p / f"{config.split}.jsonl")
-    if p.suffix in (".jsonl", ".json", ".csv"):
+    return p if p.suffix in (".jsonl", ".json", ".csv") else None
+
+
+def load_rows(config: DatasetConfig) -> list[dict[str, Any]]:
+    """All rows of the configured split as plain dicts (an ``id`` is added when missing)."""
+    p = local_file(config)
+    if p is not None:
         if not p.is_file():
             raise FileNotFoundError(f"dataset file not found: {p}")
         rows = _read_local(p)
@@ -35,9 +41,22 @@ def load_rows(config: DatasetConfig) -> list[dict[str, Any]]:
 def _read_local(p: Path) -> list[dict[str, Any]]:
     text = p.read_text()
     if p.suffix == ".jsonl":
-        rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+        rows = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:  # file:line, as an editor jumps to it
+                raise ValueError(f"{p}:{n}: not valid JSON ({e.msg}, column {e.colno})") from None
+            if not isinstance(rows[-1], dict):
+                raise ValueError(f"{p}:{n}: a row must be a JSON object, got "
+                                 f"{type(rows[-1]).__name__}")
     elif p.suffix == ".json":
-        data = json.loads(text)
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{p}:{e.lineno}: not valid JSON ({e.msg}, column {e.colno})") from None
         rows = data if isinstance(data, list) else data.get("data", [])
     else:
         rows = list(csv.DictReader(text.splitlines()))

@@ -31,6 +31,7 @@ SFT_CONFIG = "configs/toy_sft.yaml"
 # 0.16 -> 0.34, whose model GRPO lifted slowly); sampled greedy accuracy at GRPO
 # step 0 is then about 0.5, leaving the rise to RL.
 SFT_STOP_ACCURACY = 0.35
+WARM_START_TRIAL = "warm-start"
 
 
 def build_assets(assets: Path, moe: bool = False) -> None:
@@ -59,7 +60,12 @@ def ensure_sft(sft_model: Path, sft_cmd: list[str], label: str = "SFT warm start
         print(f"== 2/3 {label}: reusing {sft_model}", flush=True)
         return 0
     print(f"== 2/3 {label} -> {sft_model}", flush=True)
-    return launch([*sft_cmd, f"output_dir={sft_model}"])
+    # a trial of its own: `arealite train <sft config>` by hand runs in the config's trial and
+    # writes its model there, never over the warm start the RL runs load; one trial per assets
+    # folder (the MoE twin's warm start is another run than the main job's)
+    assets = sft_model.parent.name
+    trial = WARM_START_TRIAL if assets == "assets" else f"{WARM_START_TRIAL}-{assets}"
+    return launch([sft_cmd[0], f"trial_name={trial}", *sft_cmd[1:], f"output_dir={sft_model}"])
 
 
 def ensure_sft_model(assets: Path, fileroot: str | Path, sft_model: Path | None = None) -> int:
@@ -83,8 +89,10 @@ def run_job(overrides: list[str] | None, *, grpo_config: str, sft_config: str, a
             sft_args: list[str], steps: tuple[str, str, str]) -> int:
     """Build assets, warm-start by SFT (once), run GRPO through the local launcher, draw the
     curve: the main job and the agent job (``agent_job.py``) differ only in what they pass."""
+    from arealite.launcher import run_folder
     from arealite.launcher.local import main as launch
-    from arealite.observe.stats_logger import plot_metrics
+    from arealite.launcher.plan import LaunchError
+    from arealite.observe.stats_logger import plot_metrics, read_metrics
 
     overrides, sft_overrides = split_sft_overrides(overrides)
     try:
@@ -92,25 +100,29 @@ def run_job(overrides: list[str] | None, *, grpo_config: str, sft_config: str, a
         assets = Path(fileroot) / assets_dir
         overrides = asset_args(assets, "actor.path") + list(overrides or [])
         grpo = load_config(grpo_config, overrides)
-    except ConfigError as e:
-        print(f"arealite: config error: {e}", file=sys.stderr)
+        run_folder.claim(grpo, grpo.launcher.mode)  # refused now, not after the SFT warm start
+    except (ConfigError, LaunchError) as e:
+        print(f"arealite: {'config' if isinstance(e, ConfigError) else 'launch'} error: {e}",
+              file=sys.stderr)
         return 2
     t0 = time.monotonic()
     print(f"== 1/3 {steps[0]}", flush=True)
     build(assets)
     code = ensure_sft(Path(grpo.actor.path), [sft_config, *asset_args(assets, "model.path"),
                                               f"cluster.fileroot={fileroot}", *sft_args, *sft_overrides], steps[1])
-    if code != 0:
-        print(f"arealite: SFT warm start failed (exit {code})", file=sys.stderr)
+    if code != 0:  # the launcher said what failed, once, with its log (outputs/toy-sft/...)
         return code
     print(f"== 3/3 {steps[2].format(backend=grpo.launcher.server_backend)}", flush=True)
     code = launch([grpo_config, *overrides])
     out = grpo.run_dir()
     metrics = out / "logs" / "metrics.jsonl"
-    if metrics.is_file():
+    if code == 0 and metrics.is_file():  # a failed run's outputs are not announced
         png = out / "reward_curve.png"
-        plot_metrics(metrics, png, keys=["reward", "eval/accuracy"],
-                     title=f"{grpo.experiment_name}/{grpo.trial_name}: reward, held-out accuracy")
+        # the title names only the curves drawn (the agent job logs no eval/accuracy)
+        names = {"reward": "reward", "eval/accuracy": "held-out accuracy"}
+        drawn = [n for k, n in names.items() if any(r.get(k) is not None for r in read_metrics(metrics))]
+        plot_metrics(metrics, png, keys=list(names),
+                     title=f"{grpo.experiment_name}/{grpo.trial_name}: {', '.join(drawn)}")
         print(f"\nDone in {time.monotonic() - t0:.0f}s (exit {code}). Outputs:")
         print(f"  metrics:      {metrics}")
         print(f"  tensorboard:  {out / 'logs' / 'tensorboard'}")

@@ -79,6 +79,7 @@ from arealite.utils.fsdp import (
     make_lr_scheduler,
     to_dtype,
 )
+from arealite.utils.model_dir import model_dir_problem
 from arealite.weights.table import transport_for
 from arealite.weights.transport import TrainerSide
 from arealite.weights.upload import DistributedUploader, param_specs
@@ -151,6 +152,9 @@ class FSDPEngine(TrainEngine):
         optimizer + schedule (``ft_spec`` gives the total steps; None: a constant schedule)."""
         if not self.config.path:
             raise ValueError("TrainEngineConfig.path is empty: give an HF model directory")
+        problem = model_dir_problem(self.config.path, "path")
+        if problem:  # an adapter-only folder, say: one line, not a state_dict mismatch
+            raise ValueError(problem)
         from transformers import AutoConfig
         from transformers.utils import logging as hf_logging
 

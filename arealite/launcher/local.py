@@ -29,10 +29,11 @@ from pathlib import Path
 from arealite.api.config.experiment import BaseExperimentConfig, GRPOConfig
 from arealite.api.config.loader import ConfigError, load_config, to_yaml
 from arealite.api.reward_model_api import RM_ADDRS_ENV
-from arealite.launcher import plan
+from arealite.launcher import plan, run_folder
 from arealite.launcher import reward_model_servers as rm
 from arealite.launcher.plan import LaunchError, ProcSpec
 from arealite.launcher.preflight import check_context_parallel, check_modules
+from arealite.launcher.preflight_inputs import check_inputs
 from arealite.launcher.server_cycle import CYCLE_ENV, ServerCycleHost, write_atomic
 from arealite.launcher.supervisor import Console, ManagedProcess, stop_all
 from arealite.observe.scrape_config import write_scrape_config
@@ -60,6 +61,7 @@ class LocalLauncher:
         self.signum: int | None = None
         self.cycle: ServerCycleHost | None = None  # launcher.colocate_servers=recreate
         self.servers_down = False  # stopped on the trainer's request, not failed
+        self.failed = False  # a part failed and said so: the rest stop without more lines
 
     # ------------------------------------------------------------------ planning
     def mode(self) -> str:
@@ -119,10 +121,9 @@ class LocalLauncher:
             raise _Stop()
 
     def _fail(self, part: ManagedProcess, why: str, code: int | None) -> int:
-        lines = part.tail()
-        self.say(f"{part.name} {why}; its last {len(lines)} lines ({part.log_path}):", err=True)
-        for line in lines:
-            self.console.line(f"{part.name}:tail", line, sys.stderr)
+        """One line: what failed, its last error, where the whole of it is (its log file)."""
+        self.failed = True
+        self.say(f"{part.name} {why}: {part.what_failed()} (full log: {part.log_path})", err=True)
         return code if code not in (None, 0) else 1
 
     def _wait_healthy(self, servers: list[ManagedProcess] | None = None) -> int | None:
@@ -189,6 +190,7 @@ class LocalLauncher:
                     if rc.mode == "auto" and ckpt is not None and restarts < rc.retries:
                         restarts += 1
                         self._fail(self.trainer, f"exited with code {code}", code)
+                        self.failed = False  # restarted: the run goes on
                         self.trainer.stop(self.lc.stop_grace)  # leftover workers, if any
                         assert trainer_spec is not None
                         # only the live servers: a restarted trainer waits for every server
@@ -290,11 +292,13 @@ class LocalLauncher:
             return self._monitor(trainer_spec)
         except _Stop:
             name = signal.Signals(self.signum).name if self.signum else "signal"
-            self.say(f"{name} received: stopping everything", err=True)
+            self.say(f"{name} received: stopping everything (logs in {self.log_dir})", err=True)
             return 128 + (self.signum or 0)
         finally:
             parts = [*([self.trainer] if self.trainer else []), *self.servers]
-            if parts:
+            # what the parts print while they are stopped (signal tracebacks) stays in their logs
+            self.console.children_muted = True
+            if parts and not self.failed and self.signum is None:
                 self.say(f"stopping {', '.join(p.name for p in parts)}")
                 if self.trainer is not None:  # the trainer first: it may still talk to servers
                     self.trainer.stop(self.lc.stop_grace)
@@ -325,10 +329,11 @@ def _health_ok(addr: str | None) -> bool:
         return False
 
 
-def dry_run(launcher: LocalLauncher) -> str:
+def dry_run(launcher: LocalLauncher, folder: run_folder.Claim | None = None) -> str:
     servers, trainer = launcher.plan()
     lines = [f"# resolved config (kind={launcher.cfg.kind})", to_yaml(launcher.cfg).rstrip(),
              f"# mode={launcher.mode()}; logs would go to {launcher.log_dir}",
+             *([f"# run folder {folder.run_dir}: {folder.action}"] if folder else []),
              "# commands (each in its own process group):"]
     lines += [s.shell() for s in servers]
     if trainer is not None:
@@ -353,17 +358,23 @@ def main(argv: list[str] | None = None) -> int:
         if launcher.mode() != "server_only":
             check_modules(cfg, args.config)  # one line now, not torchrun's traceback later
             check_context_parallel(cfg)
+            check_inputs(cfg)  # data, reward, eval hook, models, context, ports
+        folder = run_folder.claim(cfg, launcher.mode())
         if args.dry_run:
-            sys.stdout.write(dry_run(launcher))
+            sys.stdout.write(dry_run(launcher, folder))
             return 0
-        launcher.mode()  # validate before creating anything
     except (ConfigError, LaunchError) as e:
         print(f"arealite: {'config' if isinstance(e, ConfigError) else 'launch'} error: {e}",
               file=sys.stderr)
         return 2
+    folder.apply()  # overwrite: the earlier run's files go before anything of this one is written
     log_dir = plan.log_dir(cfg)
     log_dir.mkdir(parents=True, exist_ok=True)
     launcher.console = Console(log_file=Path(log_dir) / "launcher.log")
+    if folder.action != "fresh":
+        launcher.say(f"{folder.action}: {folder.run_dir}"
+                     + (" (launcher.overwrite=true)" if folder.action == "overwrite"
+                        else " from its newest recovery checkpoint"))
     old = {}
     if threading.current_thread() is threading.main_thread():
         def on_signal(signum, _frame):
@@ -372,7 +383,8 @@ def main(argv: list[str] | None = None) -> int:
             old[sig] = signal.signal(sig, on_signal)
     try:
         code = launcher.run()
-        launcher.say(f"exit status {code}; logs in {log_dir}", err=code != 0)
+        if not launcher.failed and launcher.signum is None:  # a failure or a stop said it already
+            launcher.say(f"exit status {code}; logs in {log_dir}", err=code != 0)
     except LaunchError as e:
         print(f"arealite: launch error: {e}", file=sys.stderr)
         code = 2

@@ -8,6 +8,7 @@ and the current folder: the check looks at exactly those.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import sys
@@ -51,14 +52,24 @@ def _holder(module: str, folders: list[Path]) -> Path | None:
     return None
 
 
-def check_modules(config: BaseExperimentConfig, config_path: str | None) -> None:
-    """Raise ``LaunchError`` for the first named module the trainer could not import."""
+@contextlib.contextmanager
+def trainer_import_path() -> Iterator[Path]:
+    """The import path as the trainer will have it (yields the current folder)."""
     cwd = Path.cwd()
     added = str(cwd) not in sys.path
     if added:  # `torchrun -m` puts the current folder first on the trainer's path
         sys.path.insert(0, str(cwd))
     importlib.invalidate_caches()  # files written since the last import (tests, notebooks)
     try:
+        yield cwd
+    finally:
+        if added:
+            sys.path.remove(str(cwd))
+
+
+def check_modules(config: BaseExperimentConfig, config_path: str | None) -> None:
+    """Raise ``LaunchError`` for the first named module the trainer could not import."""
+    with trainer_import_path() as cwd:
         for key, module in named_modules(config):
             if _findable(module):
                 continue
@@ -74,9 +85,6 @@ def check_modules(config: BaseExperimentConfig, config_path: str | None) -> None
                 f"{key}: module '{module}' is not importable from {cwd}"
                 f"{f' with PYTHONPATH={pp}' if pp else ''}; {', '.join(hint)}"
             )
-    finally:
-        if added:
-            sys.path.remove(str(cwd))
 
 
 def check_context_parallel(config: BaseExperimentConfig) -> None:

@@ -31,7 +31,7 @@ import time
 
 from arealite.api.config.experiment import GRPOConfig
 from arealite.api.config.loader import ConfigError, load_config
-from arealite.launcher import plan
+from arealite.launcher import plan, run_folder
 from arealite.launcher.plan import LaunchError
 
 POLL_S = 1.0
@@ -307,11 +307,13 @@ def main(argv: list[str] | None = None) -> int:
             raise LaunchError("the Ray launcher does not start a reward-model pool yet: start it "
                               "yourself and set reward_model.server_addrs (drop "
                               "launcher.reward_model_servers)")
+        folder = run_folder.claim(cfg, cfg.launcher.mode)
         ray = _require_ray()
         del ray
     except (ConfigError, LaunchError) as e:
         print(f"arealite: {e}", file=sys.stderr)
         return 2
+    folder.apply()
     try:
         return run(cfg, args.config, list(args.overrides), args.address)
     except LaunchError as e:

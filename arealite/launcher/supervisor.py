@@ -24,6 +24,7 @@ from typing import TextIO
 
 import psutil
 
+from arealite.launcher.error_lines import TracebackFilter
 from arealite.launcher.plan import ProcSpec
 
 TAIL_LINES = 80  # torchrun alone prints ~35 lines of summary after a worker fails
@@ -36,9 +37,14 @@ class Console:
         self._stream = stream or sys.stdout
         self._lock = threading.Lock()
         self._file = open(log_file, "a", buffering=1) if log_file else None
+        # set while the launcher stops everything: what the children print as they die (their
+        # signal tracebacks) goes to their log files only
+        self.children_muted = False
 
     def line(self, prefix: str, text: str, stream: TextIO | None = None) -> None:
         with self._lock:
+            if self.children_muted and prefix != "launcher":
+                return
             out = stream or self._stream
             try:
                 out.write(f"[{prefix}] {text}\n")
@@ -84,6 +90,7 @@ class ManagedProcess:
         self.log_path = log_dir / f"{spec.name}.log"
         self._console = console
         self._tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self.errors = TracebackFilter(str(self.log_path))
         self._known: dict[int, psutil.Process] = {}
         self.proc: subprocess.Popen | None = None
         self._reader: threading.Thread | None = None
@@ -107,7 +114,8 @@ class ManagedProcess:
                 text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
                 self._tail.append(text)
                 f.write(text + "\n")
-                self._console.line(self.name, text)
+                for shown in self.errors.feed(text):  # a traceback: one line, all in the log
+                    self._console.line(self.name, shown)
         with contextlib.suppress(OSError):
             self.proc.stdout.close()
 
@@ -124,6 +132,11 @@ class ManagedProcess:
         if self.poll() is not None and self._reader is not None:
             self._reader.join(timeout=2.0)
         return list(self._tail)[-n:]
+
+    def what_failed(self) -> str:
+        """Its last error (or last line) in one line, once all output is read."""
+        self.tail(0)
+        return self.errors.what_failed()
 
     def refresh_descendants(self) -> None:
         """Remember descendants now, so they can be stopped even after their parent is gone."""

@@ -31,6 +31,9 @@ CONSOLE_FIELDS: list[tuple[str, tuple[str, ...], str]] = [
 ]
 
 JSONL_NAME = "metrics.jsonl"
+# eval/ keys that are counts, not a grader's metrics (kept off the console line)
+EVAL_BOOKKEEPING = frozenset({"eval/n"})
+MAX_EVAL_EXTRA = 4
 
 
 def _rank() -> int:
@@ -57,12 +60,21 @@ def format_console_line(step: int, stats: dict[str, float], total_steps: int | N
     if total_steps:
         done = round(20 * min(max(step, 0), total_steps) / total_steps)
         parts[0] = f"[{'#' * done}{'.' * (20 - done)}] " + parts[0]
+    shown: set[str] = set()
     for label, keys, fmt in CONSOLE_FIELDS:
         key = next((k for k in keys if k in stats), None)
         if key is None:
             continue
         v = stats[key]
+        shown.add(key)
         parts.append(f"{label} {fmt.format(v) if isinstance(v, (int, float)) and math.isfinite(v) else v}")
+    # a grader's own metrics (evaluator.eval_fn returns them as eval/<name>) follow, by name
+    extra = [k for k in sorted(stats) if k.startswith("eval/") and k not in shown
+             and k not in EVAL_BOOKKEEPING][:MAX_EVAL_EXTRA]
+    for k in extra:
+        v = stats[k]
+        parts.append(f"{k.removeprefix('eval/')} "
+                     f"{f'{v:.3f}' if isinstance(v, (int, float)) and math.isfinite(v) else v}")
     return " | ".join(parts)
 
 
@@ -132,6 +144,12 @@ class StatsLogger:
             self._wandb.log(clean, step=step)
         if step % self.config.print_every == 0 or step == self.total_steps:
             self._write(format_console_line(step, clean, self.total_steps))
+
+    def say(self, lines: list[str]) -> None:
+        """Lines for the console (rank 0), beside the step lines (``sample_view``)."""
+        if self.rank == 0:
+            for line in lines:
+                self._write(line)
 
     def close(self) -> None:
         if self._jsonl is not None:

@@ -67,6 +67,7 @@ class ColocatedPhases:
         self.recreate = recreate
         self.device = torch.device(getattr(actor, "device", "cpu"))
         self.released = False
+        self._said: set[str] = set()  # transitions already reported on the console
 
     def _transition(self, name: str, fn: Callable[[], None]) -> None:
         host0, dev0, t0 = host_available_bytes(), _device_free_bytes(self.device), time.perf_counter()
@@ -74,8 +75,13 @@ class ColocatedPhases:
         secs = time.perf_counter() - t0
         host = (host_available_bytes() - host0) / 2**20
         dev = (_device_free_bytes(self.device) - dev0) / 2**20
-        logger.info("colocate: %s in %.3f s; memory freed: host %+.1f MiB%s", name, secs, host,
-                    f", {self.device} {dev:+.1f} MiB" if self.device.type != "cpu" else "")
+        # said once per transition on the console, then only in the metrics (colocate/*): four
+        # lines a step between the step lines hid the steps
+        level = logging.DEBUG if name in self._said else logging.INFO
+        self._said.add(name)
+        logger.log(level, "colocate: %s in %.3f s; memory freed: host %+.1f MiB%s%s", name, secs,
+                   host, f", {self.device} {dev:+.1f} MiB" if self.device.type != "cpu" else "",
+                   "" if level == logging.DEBUG else " (every step: colocate/* in the metrics)")
         with stats_tracker.scope("colocate"):
             stats_tracker.scalar(**{f"{name}_seconds": secs, f"{name}_freed_mib": host + dev})
             if self.device.type == "cuda":  # the device alone, and how much was in use before

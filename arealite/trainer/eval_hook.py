@@ -11,7 +11,6 @@ comparisons and ``total_train_seconds`` count training only.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -20,36 +19,11 @@ import torch.distributed as dist
 
 from arealite.api.config.run import EvaluatorConfig
 from arealite.api.engine_api import InferenceEngine
+from arealite.api.eval_api import EvalFn, load_eval_fn  # noqa: F401 - load_eval_fn: re-exported
+from arealite.api.eval_api import context_for as _context_for
 from arealite.api.workflow_api import RolloutWorkflow
-from arealite.api.workflow_factory import import_by_path
 from arealite.observe import trace
 from arealite.observe.rollout_stats import evaluate
-
-EvalFn = Callable[..., dict[str, float]]
-CONTEXT_ARGS = ("tokenizer", "workflow", "version", "config")
-
-
-def load_eval_fn(path: str | None) -> EvalFn | None:
-    """``module:function`` -> the function (checked to take ``(engine, rows)``); None -> None."""
-    if not path:
-        return None
-    fn = import_by_path(path, "evaluator.eval_fn")
-    if not callable(fn):
-        raise TypeError(f"evaluator.eval_fn {path!r} names {fn!r}, which is not callable")
-    try:  # the context keywords are passed by name, so only they may be required besides
-        inspect.signature(fn).bind(None, [], **{k: None for k in _context_for(fn, dict.fromkeys(CONTEXT_ARGS))})
-    except TypeError as e:
-        raise TypeError(f"evaluator.eval_fn {path!r} must accept (engine, rows) and, by name, "
-                        f"only {', '.join(CONTEXT_ARGS)}: {e}") from None
-    return fn
-
-
-def _context_for(fn: EvalFn, context: dict[str, Any]) -> dict[str, Any]:
-    """The context keywords ``fn`` declares (all of them when it takes ``**kwargs``)."""
-    params = inspect.signature(fn).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return dict(context)
-    return {k: v for k, v in context.items() if k in params}
 
 
 class TrainClock:

@@ -26,6 +26,7 @@ from arealite.observe import stats_tracker
 from arealite.observe.observers import StepObservers
 from arealite.observe.rollout_stats import batch_rollout_stats
 from arealite.observe.sample_log import SampleIdLog
+from arealite.observe.sample_view import format_samples
 from arealite.observe.stats_logger import StatsLogger
 from arealite.observe.timing import FreqController
 from arealite.trainer.eval_hook import TrainClock
@@ -75,6 +76,10 @@ class RLRun:
         stats.update(batch_rollout_stats(batch, e.rollout, version, time.perf_counter() - self.t0 - eval_secs))
         self.ids_log.record(step + 1, batch.get("sample_ids"))
         self.logger.commit(step + 1, stats)
+        every = config.stats_logger.samples_every
+        if every and ((step + 1) % every == 0 or step == 0):  # on by default: see the replies
+            self.logger.say(format_samples(batch, e.tokenizer, step + 1,
+                                           config.stats_logger.samples_shown))
         self.observers.step(step + 1, version, self.t0, stats, eval_secs)
         # Last, after the step's logs: a crash before it repeats the step, never skips its lines.
         if self.checkpointer.check(epochs=epoch_done, steps=1):

@@ -62,3 +62,15 @@ def wait_http_ok(url: str, timeout: float, interval: float = 0.2, alive=None) ->
             pass
         time.sleep(interval)
     return False
+
+
+def port_is_free(port: int, host: str = "0.0.0.0") -> bool:
+    """Whether a server could listen on ``host:port`` now (a port in TIME_WAIT counts as free,
+    as it does for the servers and torch's stores, which set SO_REUSEADDR)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True

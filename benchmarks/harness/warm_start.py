@@ -13,6 +13,7 @@ def ensure_model(fileroot: Path) -> tuple[Path, Path]:
     from arealite.demo.main_job import (
         SFT_CONFIG,
         SFT_STOP_ACCURACY,
+        WARM_START_TRIAL,
         asset_overrides,
         build_assets,
     )
@@ -23,7 +24,8 @@ def ensure_model(fileroot: Path) -> tuple[Path, Path]:
     sft = assets / "sft_model"
     if not (sft / "config.json").is_file():
         print(f"building the SFT warm-start model -> {sft}", flush=True)
-        code = launch([str(ROOT / SFT_CONFIG), *asset_overrides(assets, "model.path"), f"cluster.fileroot={fileroot}",
+        code = launch([str(ROOT / SFT_CONFIG), f"trial_name={WARM_START_TRIAL}",
+                       *asset_overrides(assets, "model.path"), f"cluster.fileroot={fileroot}",
                        f"output_dir={sft}", f"stop_at_valid_accuracy={SFT_STOP_ACCURACY}"])
         if code != 0:
             raise SystemExit(f"SFT warm start failed (exit {code})")

@@ -114,6 +114,7 @@ class Gateway:
         self.no_worker = 0  # /generate answered 503 (/metrics)
         self.fanouts: dict[str, int] = {}
         self.session: aiohttp.ClientSession | None = None
+        self.probed_once = False  # /health says 503 until every worker has been probed once
 
     def add(self, url: str) -> Worker:
         url = normalize_url(url)
@@ -124,6 +125,14 @@ class Gateway:
 
     def healthy(self) -> list[Worker]:
         return [w for w in self.workers.values() if w.healthy]
+
+    def answering(self) -> int:
+        """Workers whose last probe answered: what /health reports. Routing is more tolerant
+        (a worker leaves it after failure_threshold misses), but a count of servers that
+        answered must never include one that was not asked, or that did not answer."""
+        if not self.probed_once:
+            return 0
+        return sum(1 for w in self.workers.values() if w.healthy and w.failures == 0)
 
     def pick_order(self) -> list[Worker]:
         """Healthy workers in round-robin order starting at the next one."""
@@ -150,6 +159,7 @@ class Gateway:
     async def health_loop(self) -> None:
         while True:
             await asyncio.gather(*(self.check(w) for w in list(self.workers.values())))
+            self.probed_once = True
             await asyncio.sleep(self.health_interval)
 
 
@@ -175,7 +185,7 @@ def create_app(gw: Gateway) -> FastAPI:
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        h = len(gw.healthy())
+        h = gw.answering()
         return JSONResponse({"healthy": h, "total": len(gw.workers)}, status_code=200 if h else 503)
 
     registry = gateway_registry(gw)

@@ -62,3 +62,27 @@ def test_toy_data_command(tmp_path):
     r = run_cli("toy-data", "--out", str(tmp_path), "--n-train", "10", "--n-valid", "5")
     assert r.returncode == 0, r.stderr
     assert len((tmp_path / "train.jsonl").read_text().splitlines()) == 10
+
+
+def test_asset_commands_never_write_over_an_asset(tmp_path, capsys):
+    """#37: assets are written once; another toy-data (or tiny-model) into the same folder is
+    refused in one line, exit 2, and changes nothing; --overwrite replaces it."""
+    from arealite.cli.main import main
+
+    assert main(["toy-data", "--out", str(tmp_path), "--n-train", "6", "--n-valid", "2"]) == 0
+    before = (tmp_path / "train.jsonl").read_text()
+    capsys.readouterr()
+    assert main(["toy-data", "--out", str(tmp_path), "--n-train", "4", "--n-valid", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "already holds train.jsonl, valid.jsonl" in err
+    assert "--overwrite" in err and (tmp_path / "train.jsonl").read_text() == before
+    assert main(["toy-data", "--out", str(tmp_path), "--n-train", "4", "--n-valid", "2",
+                 "--overwrite"]) == 0
+    assert len((tmp_path / "train.jsonl").read_text().splitlines()) == 4
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    assert main(["tiny-model", "--out", str(model)]) == 2
+    assert "already holds config.json" in capsys.readouterr().err
+    assert (model / "config.json").read_text() == "{}"
+

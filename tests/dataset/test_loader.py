@@ -31,6 +31,16 @@ def test_missing_and_bad(tmp_path):
     (tmp_path / "bad.json").write_text("[1, 2]")
     with pytest.raises(ValueError):
         load_rows(DatasetConfig(path=str(tmp_path / "bad.json")))
+    # #37: a malformed line is named by file and line (blank lines counted), as is a non-object
+    (tmp_path / "bad.jsonl").write_text('{"a": 1}\n\n{"a": 2,}\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:3: not valid JSON"):
+        load_rows(DatasetConfig(path=str(tmp_path / "bad.jsonl")))
+    (tmp_path / "list.jsonl").write_text('{"a": 1}\n[1]\n')
+    with pytest.raises(ValueError, match=r"list.jsonl:2: a row must be a JSON object, got list"):
+        load_rows(DatasetConfig(path=str(tmp_path / "list.jsonl")))
+    (tmp_path / "broken.json").write_text('[\n{"a": 1},\n{"a" 2}\n]')
+    with pytest.raises(ValueError, match=r"broken.json:3: not valid JSON"):
+        load_rows(DatasetConfig(path=str(tmp_path / "broken.json")))
 
 
 def test_stateful_loader_resumes_mid_epoch(toy_data_dir):

@@ -14,6 +14,7 @@ from arealite.api.config.loader import load_config
 from arealite.launcher import plan
 from arealite.launcher.local import main
 from arealite.launcher.plan import LaunchError
+from tests.support.min_assets import min_assets
 
 REPO = Path(__file__).resolve().parents[2]
 GPU = str(REPO / "configs" / "gsm8k_grpo_gpu.yaml")
@@ -68,9 +69,9 @@ def test_dry_run_through_the_arealite_cli(capsys):
     assert "arealite.trainer.grpo " + GPU + " launcher.n_servers=2" in out
 
 
-def test_dry_run_of_sft_starts_only_a_trainer(capsys):
+def test_dry_run_of_sft_starts_only_a_trainer(capsys, tmp_path):
     assert main([str(REPO / "configs" / "toy_sft.yaml"), "launcher.trainer_nproc=2",
-                 "--dry-run"]) == 0
+                 *min_assets(tmp_path, "model.path"), "--dry-run"]) == 0
     cmds = capsys.readouterr().out.split("# commands")[1]
     assert "launch_server" not in cmds and "-m arealite.trainer.sft" in cmds
     assert "--nproc-per-node 2" in cmds and "AREAL_LLM_SERVER_ADDRS" not in cmds

@@ -20,11 +20,14 @@ import psutil
 import pytest
 import yaml
 
+from tests.support.min_assets import min_model
+
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.integration
 
 
 def _write_config(tmp_path: Path, **launcher) -> Path:
+    min_model(tmp_path / "model")  # what the pre-launch check reads; the servers here are fakes
     cfg = {
         "kind": "grpo", "experiment_name": "lt", "trial_name": "t",
         "cluster": {"fileroot": str(tmp_path)},
@@ -301,9 +304,19 @@ def test_server_only_then_trainer_only(tmp_path):
 
 
 def test_bad_model_path_with_the_embedded_server(tmp_path):
-    """The issue's failure-path test, with the real ``servers.launch_server``."""
-    bad = tmp_path / "no_such_model"
+    """The issue's failure-path test, with the real ``servers.launch_server``: a missing model
+    folder is one line before anything starts (#37); a folder the server cannot load ends the
+    run with one line naming the server's own error and its log, the traceback in the log."""
     cfg = _write_config(tmp_path, n_servers=2, startup_timeout=120)
+    run = Run(tmp_path, [str(cfg), f"actor.path={tmp_path / 'no_such_model'}"], fake_server=False)
+    try:
+        assert run.wait(timeout=150) == 2, run.text()
+    finally:
+        run.kill()
+    assert "no such folder" in run.err.read_text() and "[server" not in run.out.read_text()
+    bad = tmp_path / "not_a_model"
+    bad.mkdir()
+    (bad / "config.json").write_text("{}")  # a model folder in name only
     run = Run(tmp_path, [str(cfg), f"actor.path={bad}"], fake_server=False)
     try:
         code = run.wait(timeout=150)
@@ -312,8 +325,10 @@ def test_bad_model_path_with_the_embedded_server(tmp_path):
     err = run.err.read_text()
     assert code != 0 and "before becoming healthy" in err, run.text()
     assert run.elapsed < 60, f"took {run.elapsed:.0f}s"
-    tails = [ln for ln in err.splitlines() if ln.startswith(("[server0:tail]", "[server1:tail]"))]
-    assert any(str(bad) in ln for ln in tails), err  # the server's own reason is shown
+    fail = [ln for ln in err.splitlines() if "before becoming healthy" in ln]
+    # the server's own reason, and where the rest is
+    assert len(fail) == 1 and str(bad) in fail[0] and "log: " in fail[0], err
+    assert "Traceback" not in run.out.read_text() + err  # the traceback stays in the log
     _assert_no_orphans(run, str(tmp_path))
 
 

@@ -6,15 +6,17 @@ from __future__ import annotations
 import pytest
 
 from arealite.launcher.local import main
+from tests.support.min_assets import min_model
 
-CONFIG = ("kind: grpo\nactor:\n  path: model\nlauncher:\n  entry_module: my_train\n"
-          "workflow:\n  path: workflows.rlvr:RLVRWorkflow\n")
+CONFIG = ("kind: grpo\nactor:\n  path: {model}\nlauncher:\n  entry_module: my_train\n"
+          "workflow:\n  path: workflows.rlvr:RLVRWorkflow\ncluster:\n  fileroot: {root}\n")
 
 
 @pytest.fixture
 def user_folder(tmp_path):
     (tmp_path / "cfg").mkdir()
-    (tmp_path / "cfg" / "task.yaml").write_text(CONFIG)
+    model = min_model(tmp_path / "model")
+    (tmp_path / "cfg" / "task.yaml").write_text(CONFIG.format(model=model, root=tmp_path / "out"))
     return tmp_path / "cfg"
 
 

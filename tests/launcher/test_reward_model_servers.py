@@ -16,6 +16,7 @@ from arealite.launcher import plan
 from arealite.launcher import reward_model_servers as rm
 from arealite.launcher.local import LocalLauncher, main
 from arealite.launcher.plan import LaunchError
+from tests.support.min_assets import min_assets
 
 REPO = Path(__file__).resolve().parents[2]
 RM = {"model_path": "/rm", "n_servers": 2, "threads": 3, "extra_args": ["--foo", "1"]}
@@ -78,10 +79,10 @@ def test_misconfigurations_are_clear_errors(capsys):
     assert "set reward_model" in capsys.readouterr().err
 
 
-def test_dry_run_prints_the_pool(capsys):
+def test_dry_run_prints_the_pool(capsys, tmp_path):
     cfg = str(REPO / "configs" / "toy_grpo.yaml")
     assert main([cfg, "launcher.reward_model_servers.model_path=/rm", "reward_model={}",
-                 "--dry-run"]) == 0
+                 *min_assets(tmp_path), "--dry-run"]) == 0
     cmds = capsys.readouterr().out.split("# commands")[1].splitlines()[1:]
     rm_line = next(c for c in cmds if "--is-embedding" in c)
     assert "/rm" in shlex.split(rm_line) and RM_ADDRS_ENV in cmds[-1]

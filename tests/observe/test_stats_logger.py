@@ -44,6 +44,10 @@ def test_console_shows_only_present_keys_in_fixed_order():
     line = format_console_line(7, {"perf/tokens_per_sec": 10.0, "rollout/reward/avg": 0.25})
     assert line == "step 7 | reward 0.250 | tok/s 10"
     assert format_console_line(1, {"eval/accuracy": math.nan}) == "step 1 | eval_acc nan"
+    # a grader's own metrics reach the line by name (#37); eval/n, a count, does not
+    line = format_console_line(4, {"eval/accuracy": 0.5, "eval/n": 16.0, "eval/exact": 0.25,
+                                   "eval/mean_len": 3.0})
+    assert line == "step 4 | eval_acc 0.500 | exact 0.250 | mean_len 3.000"
 
 
 def test_print_every_and_non_finite_values(tmp_path):

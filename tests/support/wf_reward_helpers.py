@@ -39,3 +39,7 @@ def echo_row_reward(prompt, completion, prompt_ids, completion_ids, **row):
 
 def worker_pid_reward(prompt, completion, prompt_ids, completion_ids, **row):
     return float(os.getpid())
+
+
+def string_reward(prompt, completion, prompt_ids, completion_ids, **row):
+    return "1.0"  # a number's text: a bug in the reward, never a score

@@ -2,10 +2,12 @@ import asyncio
 import functools
 import time
 
+import numpy as np
 import pytest
 
 from arealite.api.reward_api import (
     RewardFailed,
+    as_reward,
     check_reward_fn,
     inline_reward,
     reset_reward_stats,
@@ -38,8 +40,9 @@ def test_exception_fails_the_call_and_is_counted(pool):
     before = reward_stats()
     assert pool.call(H.raising_reward, ("p", "c", [], []), {}, timeout=30) is None
     assert pool.call(H.nan_reward, ("p", "c", [], []), {}, timeout=30) is None
+    assert pool.call(H.string_reward, ("p", "c", [], []), {}, timeout=30) is None
     d = _delta(before, reward_stats())
-    assert d["errors"] == 2 and d["calls"] == 2 and d["ok"] == 0
+    assert d["errors"] == 3 and d["calls"] == 3 and d["ok"] == 0
     # the worker survived an exception: the next call works
     assert pool.call(H.const_reward, ("p", "c", [], []), {}, timeout=30) == 0.5
 
@@ -106,6 +109,24 @@ def test_inline_reward_runs_on_caller_and_counts_errors():
     assert s["inline"] == 3 and s["errors"] == 2 and s["ok"] == 1
     with pytest.raises(ValueError, match="reward_failure"):
         asyncio.run(compute_reward(ok, "p", "abc", [1], [2], row, timeout=1, on_failure="skip"))
+
+
+def test_a_reward_that_returns_no_number_rejects_its_episode(caplog):
+    """#37: "1.0" (a string) was silently taken as 1.0; now it rejects the episode and the
+    warning says what came back."""
+    @inline_reward
+    def text(prompt, completion, prompt_ids, completion_ids, **row):
+        return "1.0"
+
+    with pytest.raises(RewardFailed, match="rejected"):
+        asyncio.run(compute_reward(text, "p", "c", [1], [2], {}, timeout=1))
+    assert "returned str '1.0', not a number" in caplog.text
+    assert as_reward(1) == 1.0 and as_reward(np.float32(0.5)) == 0.5 and as_reward(True) == 1.0
+    for bad in ("1.0", None, [1.0], b"1"):
+        with pytest.raises(TypeError, match="not a number"):
+            as_reward(bad)
+    with pytest.raises(ValueError, match="NaN"):
+        as_reward(float("nan"))
 
 
 def test_fork_start_method_refused():

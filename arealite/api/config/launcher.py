@@ -116,6 +116,12 @@ class LauncherConfig(BaseConfig):
         "giving them the newest weights; frees everything they held, at the price of a server "
         "start-up per step; local launcher only).",
     )
+    overwrite: bool = Field(
+        False, description="Replace what the run folder ({fileroot}/{experiment}/{trial}) and an "
+        "output_dir outside it already hold (their model files only). Without it a launch into "
+        "a folder that holds a run is refused, unless recovery resumes it "
+        "(arealite/launcher/run_folder.py).",
+    )
     ray: RayLauncherConfig = Field(default_factory=RayLauncherConfig,
                                    description="Placement on a Ray cluster (arealite.launcher.ray).")
 

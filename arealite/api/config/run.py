@@ -66,6 +66,11 @@ class StatsLoggerConfig(BaseConfig):
     )
     wandb_project: str = Field("arealite", description="wandb project name.")
     print_every: int = Field(1, ge=1, description="Console line every N steps.")
+    samples_every: int | None = Field(10, ge=1, description="(RL) Every N steps (and at step 1), "
+                                      "a few of the step's samples on the console: the end of "
+                                      "the prompt, the reply and its reward (the step's best "
+                                      "and worst first). None: off.")
+    samples_shown: int = Field(2, ge=1, description="Samples shown each samples_every steps.")
     metrics_port: int | None = Field(None, ge=0, le=65535, description="Serve the trainer's Prometheus /metrics: rank r on metrics_port + r (0: any free port). None: off. See docs/observability.md.")
     metrics_host: str = Field("127.0.0.1", description="Address the trainer's /metrics binds to.")
     trace: bool = Field(False, description="Write a Chrome/Perfetto trace of every step (episodes, generation segments per server, reward calls, phases, weight pushes) to logs/trace_rank{r}.json.")
