@@ -120,7 +120,11 @@ def test_wait_concatenates_pads_and_times_out_without_losing(executors):
     with pytest.raises(RolloutTimeout, match="accepted=3"):
         ex.wait(4, timeout=0.5)
     out = ex.wait(3, timeout=5)  # the three taken by the timed-out call came back
-    assert set(out) == {"input_ids", "attention_mask", "versions", "rewards"}
+    # the workflow's keys, and the two the executor stamps (the ledger's)
+    assert set(out) == {"input_ids", "attention_mask", "versions", "rewards", "episode_ids",
+                        "data_epochs"}
+    assert sorted(out["episode_ids"].tolist()) == [0, 1, 2]  # one serial per episode
+    assert out["data_epochs"].tolist() == [-1, -1, -1]  # submitted directly: no dataloader
     assert out["input_ids"].shape == (3, 3)
     assert sorted(out["rewards"].tolist()) == [0.0, 1.0, 2.0]
     row0 = out["rewards"].tolist().index(0.0)
@@ -319,10 +323,18 @@ def test_data_state_keeps_rows_waiting_to_be_drawn_again():
     from arealite.rollout.data_cycle import DataCycle
 
     cycle = DataCycle()
-    cycle.redraw({"id": 3}, attempts=0, limit=2)
-    cycle.redraw({"id": 4}, attempts=2, limit=2)  # out of attempts: dropped, not kept
-    assert cycle.state_dict(inflight=[{"id": 9}])["replay"] == [{"id": 9}, {"id": 3}]
-    assert (cycle.redrawn, cycle.dropped) == (1, 1)
+    cycle.redraw({"id": 3}, attempts=0, limit=2, epoch=1)
+    cycle.redraw({"id": 4}, attempts=2, limit=2, epoch=1, reason="stale")  # out of attempts
+    state = cycle.state_dict(inflight=[({"id": 9}, 0, 2)])
+    assert state["replay"] == [{"id": 9}, {"id": 3}]
+    assert state["replay_tags"] == [[0, 2], [1, 1]]  # (attempts, epoch) kept for the replay
+    assert (cycle.redrawn, cycle.dropped, dict(cycle.dropped_by)) == (1, 1, {"stale": 1})
+    # the drop waits for the ledger in the saved state, and the counters go on after a restore
+    assert state["drops"] == [{"id": 4, "epoch": 1, "reason": "stale", "attempts": 3}]
+    again = DataCycle()
+    again.load_state_dict(state)
+    assert (again.redrawn, again.dropped) == (1, 1) and again.take_dropped() == state["drops"]
+    assert again.take_dropped() == []
 
 
 def test_stale_drops_are_counted_and_logged_at_debug_only(executors, caplog):
