@@ -103,6 +103,10 @@ class _Result:
     epoch: int = -1
 
 
+def _rows(traj: TensorDict) -> int:
+    return next(iter(traj.values())).shape[0]
+
+
 class WorkflowExecutor(DataloaderFeed):
     def __init__(
         self, config: InferenceEngineConfig, engine: Any, loop: LoopThread | None = None,
@@ -126,6 +130,10 @@ class WorkflowExecutor(DataloaderFeed):
         self._episodes = 0  # episodes launched over the whole run (restored): the next serial
         self._gate_counts: dict[str, int] = {}  # restored before the gate exists
         self._tokens = {"stale_tokens": 0, "trained_tokens": 0}  # generated tokens, by fate
+        # every finished trajectory's rows, whatever their fate, against the trained ones: the
+        # run's length bias (observe/length_bias.py); take_generated() empties _generated
+        self._seqs = {"gen_seqs": 0, "gen_tokens": 0, "trained_seqs": 0}
+        self._generated: list[tuple[list[int], list[float]]] = []
         self.episode_retries = config.episode_retries
         self._fail_streak = 0  # episodes failed in a row (reset by any episode that finishes)
         self._last_failure = ""
@@ -260,6 +268,7 @@ class WorkflowExecutor(DataloaderFeed):
                 else:
                     self._results.append(_Result(traj, start_version, item.group, item.data,
                                                  item.attempts, item.epoch))
+                    self._note_generated(traj)
                     g.on_accept()
                 self._finish_group_locked(item.group)
                 self._cond.notify_all()
@@ -432,10 +441,31 @@ class WorkflowExecutor(DataloaderFeed):
                 else:
                     kept.append(r)
                     self._tokens["trained_tokens"] += generated_tokens(r.traj)
+                    self._seqs["trained_seqs"] += _rows(r.traj)
             for _ in range(dropped):
                 self.gate.on_drop_accepted()
             self._lt.wake()  # room in the output bound (and in the budget, if dropped)
         return kept
+
+    def _note_generated(self, traj: TensorDict) -> None:
+        """A finished trajectory's rows: generated lengths and rewards (call under ``_cond``)."""
+        lm = traj.get("loss_mask")
+        if lm is None:
+            return
+        lens = lm.reshape(lm.shape[0], -1).sum(1).tolist()
+        rw = traj.get("rewards")
+        self._generated.append((lens, [] if rw is None else rw.reshape(-1).float().tolist()))
+        self._seqs["gen_seqs"] += len(lens)
+        self._seqs["gen_tokens"] += int(sum(lens))
+        if len(self._generated) > 4096:  # nobody takes them (a caller without the stats)
+            del self._generated[:2048]
+
+    def take_generated(self) -> tuple[list[int], list[float]]:
+        """Generated lengths and rewards of the trajectories finished since the previous call
+        (trained, dropped as stale or turned down alike): the length-bias stats' other side."""
+        with self._cond:
+            items, self._generated = self._generated, []
+        return [n for lens, _ in items for n in lens], [r for _, rw in items for r in rw]
 
     def _check_failing(self, kept: list[_Result]) -> None:
         """Raise when the last max(16, 4·B) episodes all failed (call under ``_cond``)."""
@@ -513,7 +543,7 @@ class WorkflowExecutor(DataloaderFeed):
             **{f"dropped_{k}": n for k, n in sorted(self._data.dropped_by.items())},
             "episodes": self._episodes,
             "pending": pending, "ready": ready, "capacity": self.gate.capacity(),
-            "version": self.gate.version, **self._tokens,
+            "version": self.gate.version, **self._tokens, **self._seqs,
         }
 
     def counter_state(self) -> dict[str, int]:
@@ -521,13 +551,15 @@ class WorkflowExecutor(DataloaderFeed):
         serial, stale drops and tokens by fate, and the gate's failed / rejected counts."""
         s = self.gate.stat() if self.gate is not None else None
         gate = {"failed": s.failed, "rejected": s.rejected} if s else dict(self._gate_counts)
-        return {"episodes": self._episodes, "stale": self._stale, **self._tokens, **gate}
+        return {"episodes": self._episodes, "stale": self._stale, **self._tokens, **self._seqs,
+                **gate}
 
     def load_counter_state(self, state: dict[str, int]) -> None:
         self._episodes = int(state.get("episodes", 0))
         self._stale = int(state.get("stale", 0))
-        for k in self._tokens:
-            self._tokens[k] = int(state.get(k, 0))
+        for d in (self._tokens, self._seqs):
+            for k in d:
+                d[k] = int(state.get(k, 0))
         self._gate_counts = {k: int(state[k]) for k in ("failed", "rejected") if k in state}
         if self.gate is not None:
             self.gate.restore_counts(**self._gate_counts)

@@ -60,6 +60,10 @@ class RolloutControl(InferenceEngine):
         """``prepare_batch``'s rows drawn and not trained, as ``(row, epoch)``."""
         return self.executor.inflight_tagged()
 
+    def take_generated(self) -> tuple[list[int], list[float]]:
+        """Generated lengths and rewards since the previous call (``observe/length_bias.py``)."""
+        return self.executor.take_generated()
+
     def idle_stats(self) -> dict[str, float]:
         """The executor's idle time and ratio since the previous call (see ``WorkflowExecutor``)."""
         return self.executor.idle_stats()

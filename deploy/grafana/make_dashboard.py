@@ -57,6 +57,9 @@ PANELS: list[tuple[str, str, bool, list[tuple[str, str]]]] = [
         ("token usage {{instance}}", "max by (instance) (sglang:token_usage)"),
         ("gen tok/s {{instance}}", "max by (instance) (sglang:gen_throughput)"),
     ]),
+    ("Length bias: trained / generated (1 = none); KS distance (0 = none)", "short", False, [
+        ("{{stat}}", "avg by (stat) (arealite_trainer_length_bias{stat=~\"mean_ratio|p90_ratio|run_mean_ratio|ks\"})"),
+    ]),
     ("Staleness: mean and max; weight version", "short", False, [
         ("mean", "avg(arealite_trainer_staleness_avg)"),
         ("max", "max(arealite_trainer_staleness_max)"),

@@ -352,6 +352,36 @@ def test_stale_drops_are_counted_and_logged_at_debug_only(executors, caplog):
     assert not [r for r in caplog.records if "stale" in r.getMessage()]
 
 
+class LenWorkflow(EchoWorkflow):
+    """EchoWorkflow with a loss mask: 1 + id % 3 generated tokens."""
+
+    async def arun_episode(self, engine, data):
+        traj = await super().arun_episode(engine, data)
+        traj["loss_mask"] = traj["attention_mask"].clone()
+        return traj
+
+
+def test_generated_side_of_the_length_bias_counts_stale_drops_too(executors):
+    """#35: what was generated (stale drops included) against what was trained."""
+    ex = executors(b=4, eta=0)
+    wf = LenWorkflow()
+    for i in range(4):
+        ex.submit({"id": i}, wf)
+    settle(ex, lambda c: c["accepted"] == 4)
+    ex.set_version(1)  # all four are stale now: generated, never trained
+    with pytest.raises(RolloutTimeout):
+        ex.wait(1, timeout=0.3)
+    lens, rewards = ex.take_generated()
+    assert sorted(lens) == [1, 1, 2, 3] and sorted(rewards) == [0.0, 1.0, 2.0, 3.0]
+    for i in (4, 5):
+        ex.submit({"id": i}, wf)
+    out = ex.wait(2, timeout=5)
+    assert sorted(ex.take_generated()[0]) == [2, 3] and ex.take_generated() == ([], [])
+    c = ex.counters()
+    assert (c["gen_seqs"], c["gen_tokens"], c["trained_seqs"]) == (6, 12, 2)
+    assert c["trained_tokens"] == int(out["loss_mask"].sum())
+
+
 def test_drain_lets_running_episodes_finish_and_starts_no_new_one(executors):
     """#28: evaluation needs the servers free of training work: drain waits for the episodes in
     flight (pause would freeze them) and launches nothing until undrain."""
