@@ -189,7 +189,10 @@ def strike(run: Run, kill: Kill, rng: random.Random, steps: int, timeout: float)
     """Wait for the kill's moment and deliver it; None when the run ended first."""
     base = last_step(run.fileroot, run.trial)
     at = min(max(base, 0) + kill.gap, steps - 1)
-    if not _wait(lambda: last_step(run.fileroot, run.trial) >= at, run, timeout):
+    # and a checkpoint to resume from: a run killed before its first one starts afresh, which
+    # the launcher does not do by itself (and a run folder holding a run may refuse)
+    if not _wait(lambda: last_step(run.fileroot, run.trial) >= at
+                 and _latest_ckpt(run.recover)[0] is not None, run, timeout):
         return None
     step = last_step(run.fileroot, run.trial)
     target = kill.target
