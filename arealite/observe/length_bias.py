@@ -5,7 +5,12 @@ run that drops or re-draws them trains on shorter answers than it generates (tin
 previous step (trained later, dropped as stale, or turned down by ``should_accept``) and the
 trained side is the step's batch; per run, the executor's cumulative counters give the same
 ratio over everything so far (``rollout/gen_tokens`` / ``rollout/gen_seqs`` against
-``rollout/trained_tokens`` / ``rollout/trained_seqs``).
+``rollout/trained_gen_tokens`` / ``rollout/trained_seqs``).
+
+A sequence's length is the tokens the policy generated in it (``versions >= 0``: the prompt,
+tool feedback and padding are -1), trained or not (the long-tail workload's tokens after the
+stop token are generated, cost decode time and go stale, but carry no loss); without
+``versions``, its ``loss_mask`` tokens.
 
 Stats (``length_bias/*``): ``mean_ratio`` and ``p90_ratio`` (trained over generated, 1 = no
 bias), ``ks`` (the two-sample Kolmogorov-Smirnov statistic of the length distributions: the
@@ -30,6 +35,15 @@ def ks_statistic(a: Sequence[float], b: Sequence[float]) -> float:
     fa = torch.searchsorted(x, points, right=True).double() / len(x)
     fb = torch.searchsorted(y, points, right=True).double() / len(y)
     return float((fa - fb).abs().max())
+
+
+def generated_lengths(traj: dict[str, torch.Tensor]) -> list[int]:
+    """Per sequence, the tokens the policy generated (see above); [] without either key."""
+    v, lm = traj.get("versions"), traj.get("loss_mask")
+    mask = (v >= 0) if v is not None else lm
+    if mask is None:
+        return []
+    return [int(n) for n in mask.reshape(mask.shape[0], -1).sum(1).tolist()]
 
 
 def _p90(x: torch.Tensor) -> float:
@@ -59,7 +73,7 @@ def length_bias_stats(gen_lens: Sequence[float], gen_rewards: Sequence[float],
 def run_mean_ratio(counters: dict[str, float]) -> dict[str, float]:
     """``length_bias/run_mean_ratio`` from the executor's cumulative counters (if it has them)."""
     gs, gt = counters.get("rollout/gen_seqs", 0.0), counters.get("rollout/gen_tokens", 0.0)
-    ts, tt = counters.get("rollout/trained_seqs", 0.0), counters.get("rollout/trained_tokens", 0.0)
+    ts, tt = counters.get("rollout/trained_seqs", 0.0), counters.get("rollout/trained_gen_tokens", 0.0)
     if gs > 0 and ts > 0 and gt > 0:
         return {"length_bias/run_mean_ratio": (tt / ts) / (gt / gs)}
     return {}

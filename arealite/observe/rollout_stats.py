@@ -10,7 +10,7 @@ from arealite.api.config.run import EvaluatorConfig
 from arealite.api.engine_api import InferenceEngine
 from arealite.api.reward_api import reward_stats
 from arealite.api.workflow_api import RolloutWorkflow
-from arealite.observe.length_bias import length_bias_stats, run_mean_ratio
+from arealite.observe.length_bias import generated_lengths, length_bias_stats, run_mean_ratio
 
 
 def batch_rollout_stats(batch: dict[str, torch.Tensor], rollout: Any, version: int, step_secs: float) -> dict[str, float]:
@@ -57,7 +57,7 @@ def batch_rollout_stats(batch: dict[str, torch.Tensor], rollout: Any, version: i
     take = getattr(rollout, "take_generated", None)
     if callable(take) and "rewards" in batch:  # generated since the last step against trained
         gen_lens, gen_rewards = take()
-        out.update(length_bias_stats(gen_lens, gen_rewards, lm.sum(1).tolist(),
+        out.update(length_bias_stats(gen_lens, gen_rewards, generated_lengths(batch),
                                      batch["rewards"].float().reshape(-1).tolist()))
     for k, val in reward_stats().items():
         out[f"reward_fn/{k}"] = float(val)

@@ -61,6 +61,7 @@ from arealite.api.trajectory import (
 )
 from arealite.api.workflow_api import RolloutWorkflow
 from arealite.observe.idle_time import IdleMeter
+from arealite.observe.length_bias import generated_lengths
 from arealite.observe.rollout_observer import RolloutObserver
 from arealite.rollout import staleness
 from arealite.rollout.data_cycle import DataCycle, DataloaderFeed
@@ -103,10 +104,6 @@ class _Result:
     epoch: int = -1
 
 
-def _rows(traj: TensorDict) -> int:
-    return next(iter(traj.values())).shape[0]
-
-
 class WorkflowExecutor(DataloaderFeed):
     def __init__(
         self, config: InferenceEngineConfig, engine: Any, loop: LoopThread | None = None,
@@ -132,7 +129,7 @@ class WorkflowExecutor(DataloaderFeed):
         self._tokens = {"stale_tokens": 0, "trained_tokens": 0}  # generated tokens, by fate
         # every finished trajectory's rows, whatever their fate, against the trained ones: the
         # run's length bias (observe/length_bias.py); take_generated() empties _generated
-        self._seqs = {"gen_seqs": 0, "gen_tokens": 0, "trained_seqs": 0}
+        self._seqs = {"gen_seqs": 0, "gen_tokens": 0, "trained_seqs": 0, "trained_gen_tokens": 0}
         self._generated: list[tuple[list[int], list[float]]] = []
         self.episode_retries = config.episode_retries
         self._fail_streak = 0  # episodes failed in a row (reset by any episode that finishes)
@@ -441,7 +438,9 @@ class WorkflowExecutor(DataloaderFeed):
                 else:
                     kept.append(r)
                     self._tokens["trained_tokens"] += generated_tokens(r.traj)
-                    self._seqs["trained_seqs"] += _rows(r.traj)
+                    lens = generated_lengths(r.traj)
+                    self._seqs["trained_seqs"] += len(lens)
+                    self._seqs["trained_gen_tokens"] += sum(lens)
             for _ in range(dropped):
                 self.gate.on_drop_accepted()
             self._lt.wake()  # room in the output bound (and in the budget, if dropped)
@@ -449,10 +448,9 @@ class WorkflowExecutor(DataloaderFeed):
 
     def _note_generated(self, traj: TensorDict) -> None:
         """A finished trajectory's rows: generated lengths and rewards (call under ``_cond``)."""
-        lm = traj.get("loss_mask")
-        if lm is None:
+        lens = generated_lengths(traj)
+        if not lens:
             return
-        lens = lm.reshape(lm.shape[0], -1).sum(1).tolist()
         rw = traj.get("rewards")
         self._generated.append((lens, [] if rw is None else rw.reshape(-1).float().tolist()))
         self._seqs["gen_seqs"] += len(lens)

@@ -7,7 +7,12 @@ import random
 
 import pytest
 
-from arealite.observe.length_bias import ks_statistic, length_bias_stats, run_mean_ratio
+from arealite.observe.length_bias import (
+    generated_lengths,
+    ks_statistic,
+    length_bias_stats,
+    run_mean_ratio,
+)
 
 
 def ks_reference(a: list[float], b: list[float]) -> float:
@@ -48,8 +53,19 @@ def test_trained_shorter_than_generated_shows_up():
     assert length_bias_stats([], [], trained, []) == {}
 
 
+def test_generated_lengths_count_what_the_policy_generated():
+    import torch
+
+    # prompt (-1), 3 generated of which 2 trained, a feedback token (-1), padding (-1)
+    traj = {"versions": torch.tensor([[-1, -1, 4, 4, 5, -1, -1], [-1, 3, -1, -1, -1, -1, -1]]),
+            "loss_mask": torch.tensor([[0, 0, 1, 1, 0, 0, 0], [0, 1, 0, 0, 0, 0, 0]])}
+    assert generated_lengths(traj) == [3, 1]
+    assert generated_lengths({"loss_mask": traj["loss_mask"]}) == [2, 1]
+    assert generated_lengths({"input_ids": torch.zeros(2, 3)}) == []
+
+
 def test_run_mean_ratio_from_the_counters():
     c = {"rollout/gen_seqs": 10.0, "rollout/gen_tokens": 200.0, "rollout/trained_seqs": 8.0,
-         "rollout/trained_tokens": 152.0}
+         "rollout/trained_gen_tokens": 152.0}
     assert run_mean_ratio(c) == {"length_bias/run_mean_ratio": pytest.approx(19 / 20)}
     assert run_mean_ratio({}) == {}

@@ -378,7 +378,7 @@ def test_generated_side_of_the_length_bias_counts_stale_drops_too(executors):
     out = ex.wait(2, timeout=5)
     assert sorted(ex.take_generated()[0]) == [2, 3] and ex.take_generated() == ([], [])
     c = ex.counters()
-    assert (c["gen_seqs"], c["gen_tokens"], c["trained_seqs"]) == (6, 12, 2)
+    assert (c["gen_seqs"], c["gen_tokens"], c["trained_seqs"], c["trained_gen_tokens"]) == (6, 12, 2, 5)
     assert c["trained_tokens"] == int(out["loss_mask"].sum())
 
 
