@@ -437,13 +437,18 @@ class WorkflowExecutor(DataloaderFeed):
                     dropped += 1
                 else:
                     kept.append(r)
-                    self._tokens["trained_tokens"] += generated_tokens(r.traj)
-                    lens = generated_lengths(r.traj)
-                    self._seqs["trained_seqs"] += len(lens)
-                    self._seqs["trained_gen_tokens"] += sum(lens)
             for _ in range(dropped):
                 self.gate.on_drop_accepted()
             self._lt.wake()  # room in the output bound (and in the budget, if dropped)
+        # counted once the batch is final: a call that times out puts what it took back, and
+        # counting at each take counted those again at the next call (prepare_batch retries
+        # every 0.5 s), inflating rollout/trained_tokens and so deflating
+        # rollout/untrained_token_share (found by the length-bias counters)
+        for r in kept:
+            self._tokens["trained_tokens"] += generated_tokens(r.traj)
+            lens = generated_lengths(r.traj)
+            self._seqs["trained_seqs"] += len(lens)
+            self._seqs["trained_gen_tokens"] += sum(lens)
         return kept
 
     def _note_generated(self, traj: TensorDict) -> None:

@@ -382,6 +382,26 @@ def test_generated_side_of_the_length_bias_counts_stale_drops_too(executors):
     assert c["trained_tokens"] == int(out["loss_mask"].sum())
 
 
+def test_a_batch_put_back_after_a_timeout_is_counted_trained_once(executors):
+    """prepare_batch retries _collect every 0.5 s and a timed-out take goes back to the queue:
+    its trajectories were counted as trained at every take (rollout/trained_tokens ran ahead of
+    what was generated). Counted once, when the batch is returned."""
+    ex = executors(b=4, eta=4)
+    wf = LenWorkflow()
+    for i in range(3):
+        ex.submit({"id": i}, wf)
+    settle(ex, lambda c: c["accepted"] == 3)
+    for _ in range(3):  # three takes of three that time out and put them back
+        with pytest.raises(RolloutTimeout):
+            ex.wait(4, timeout=0.1)
+    assert ex.counters()["trained_seqs"] == 0
+    ex.submit({"id": 3}, wf)
+    ex.wait(4, timeout=5)
+    c = ex.counters()
+    assert (c["trained_seqs"], c["gen_seqs"]) == (4, 4)
+    assert c["trained_tokens"] == c["gen_tokens"] == 1 + 2 + 3 + 1
+
+
 def test_drain_lets_running_episodes_finish_and_starts_no_new_one(executors):
     """#28: evaluation needs the servers free of training work: drain waits for the episodes in
     flight (pause would freeze them) and launches nothing until undrain."""
