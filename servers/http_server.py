@@ -187,6 +187,17 @@ def create_app(state: ServerState) -> FastAPI:
     async def loads() -> dict:
         return {"loads": [{"dp_rank": 0, **state.engine.load()}]}
 
+    @app.get("/get_load")
+    async def get_load() -> list[dict]:
+        """A per-DP-rank load list, the shape ``sglang-router`` 0.3.2 reads here: its load-aware
+        policies (``power_of_two``, cache-aware balancing) sum ``num_tokens`` over the entries,
+        and report -1 for a worker without this route. SGLang 0.5.23 itself reports loads on
+        ``/v1/loads`` (above)."""
+        load = state.engine.load()
+        return [{"dp_rank": 0, "num_reqs": load["num_running_reqs"],
+                 "num_waiting_reqs": load["num_queue_reqs"],
+                 "num_tokens": state.engine.num_tokens()}]
+
     if state.args.enable_metrics:  # SGLang serves /metrics only with --enable-metrics
 
         registry = server_registry(state)

@@ -50,6 +50,12 @@ def main(argv: list[str] | None = None) -> int:
         max_prefill_tokens=args.max_prefill_tokens, random_seed=args.random_seed,
         max_loras_per_batch=args.max_loras_per_batch,
     )
+    if args.enable_return_routed_experts:
+        try:
+            runner.enable_routed_experts()
+        except ValueError as e:
+            logging.getLogger("servers").error("%s", e)
+            return 2
     if args.enable_lora:
         from servers.engine.lora import LoRAError, enable_lora
 

@@ -45,9 +45,12 @@ class ServerArgs:
     mem_fraction_static: float | None = None
     allow_auto_truncate: bool = False
     tool_call_parser: str | None = None
+    constrained_json_disable_any_whitespace: bool = False
+    constrained_json_max_whitespace_cnt: int | None = None
     health_stall_timeout: float = 60.0
     is_embedding: bool = False
     enable_lora: bool = False
+    enable_return_routed_experts: bool = False
     lora_paths: list[str] = dataclasses.field(default_factory=list)
     max_loras_per_batch: int = 8
     max_lora_rank: int | None = None
@@ -93,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key", default=None, help=f"default: ${API_KEY_ENV}")
     p.add_argument("--admin-api-key", default=None, help=f"default: ${ADMIN_API_KEY_ENV}")
     p.add_argument("--enable-metrics", action="store_true")
+    p.add_argument("--enable-return-routed-experts", action="store_true",
+                   help="record each token's routed experts (MoE models) for requests that set "
+                   "return_routed_experts")
     p.add_argument("--log-level", default="info",
                    choices=["debug", "info", "warning", "error", "critical"])
     p.add_argument("--served-model-name", default=None)
@@ -123,6 +129,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tool-call-parser", default=None, choices=list(PARSERS),
                    help="parse tool calls in /v1/chat/completions output (qwen25: Hermes "
                         "<tool_call>{json}</tool_call> blocks)")
+    p.add_argument("--constrained-json-disable-any-whitespace", action="store_true",
+                   help="JSON-constrained output in compact form (SGLang's flag, xgrammar)")
+    p.add_argument("--constrained-json-max-whitespace-cnt", type=int, default=None,
+                   help="most consecutive whitespace characters in JSON-constrained output "
+                        "(SGLang's flag, xgrammar; default unbounded)")
     p.add_argument("--is-embedding", action="store_true",
                    help="serve a reward model (a *ForSequenceClassification checkpoint, which "
                         "is also detected without the flag) on /classify and /encode")

@@ -84,6 +84,7 @@ class ServerState:
     shared_sources: SharedSources = field(default_factory=SharedSources)
     lock: ModelUpdateLock = field(default_factory=ModelUpdateLock)
     pause_cond: asyncio.Condition = field(default_factory=asyncio.Condition)
+    grammar_backend: Any = None  # servers.engine.grammar's compiler, built on first use
 
     def drop_staged(self) -> int:
         """Forget the staged buckets of an unfinished tensor update; returns how many tensors."""

@@ -33,6 +33,16 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_moe_dir(tmp_path_factory) -> Path:
+    """An HF directory with the tiny Qwen3-MoE model (4 experts, top-2) and its tokenizer."""
+    from arealite.demo.tiny import TinyModelSpec, build_tiny_model
+    from tests.support.built_once import built_once
+
+    return built_once(tmp_path_factory, "tiny_moe",
+                      lambda d: build_tiny_model(d, TinyModelSpec(moe=True)))
+
+
+@pytest.fixture(scope="session")
 def tiny_tokenizer(tiny_model_dir):
     from transformers import AutoTokenizer
 
@@ -78,7 +88,8 @@ def tool_server(tool_model_dir):
 
     with embedded_server(str(tool_model_dir), ["--random-seed", "0", "--tool-call-parser",
                                                "qwen25", "--weight-version", "0",
-                                               "--enable-metrics"]) as addr:
+                                               "--enable-metrics",
+                                               "--constrained-json-disable-any-whitespace"]) as addr:
         yield addr
 
 

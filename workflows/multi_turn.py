@@ -21,7 +21,12 @@ import torch
 from arealite.api.config.rollout import GenerationHyperparameters
 from arealite.api.engine_api import InferenceEngine
 from arealite.api.io_struct import ModelRequest
-from arealite.api.trajectory import pad_sequences_to_tensors
+from arealite.api.trajectory import (
+    ROUTED_EXPERTS,
+    join_routed_experts,
+    pad_sequences_to_tensors,
+    routed_experts_row,
+)
 from workflows.dump import dump_samples
 from workflows.prompting import check_response, encode_text, render_chat, sample_id
 from workflows.rlvr import RLVRWorkflow
@@ -87,6 +92,7 @@ class MultiTurnWorkflow(RLVRWorkflow):
         seq = list(prompt_ids)
         loss_mask, logprobs, versions = [0] * len(seq), [0.0] * len(seq), [-1] * len(seq)
         reward, turns = 0.0, 0
+        routed = None  # a MoE server's routing: each turn's rows past those of earlier turns
         eos = self.tokenizer.eos_token_id
         while True:
             req = ModelRequest(rid=rid, input_ids=list(seq), gconfig=self._sample_gconfig.model_copy(),
@@ -94,6 +100,8 @@ class MultiTurnWorkflow(RLVRWorkflow):
             resp = await engine.agenerate(req)
             check_response(resp, rid)
             turns += 1
+            if resp.routed_experts is not None:
+                routed = join_routed_experts(routed, resp.routed_experts)
             out = list(resp.output_tokens)
             seq += out
             loss_mask += [1] * len(out)
@@ -114,6 +122,9 @@ class MultiTurnWorkflow(RLVRWorkflow):
         sid = sample_id(data)
         if sid is not None:
             row["sample_ids"] = sid
+        if routed is not None:  # feedback appended after the last turn has no routing: -1
+            full = routed_experts_row(routed, len(routed) + 1)
+            row[ROUTED_EXPERTS] = torch.nn.functional.pad(full, (0, 0, 0, len(seq) - len(full)), value=-1)
         return row
 
     async def arun_episode(

@@ -15,7 +15,7 @@ from arealite.api.engine_api import InferenceEngine
 from arealite.api.io_struct import ModelRequest, ModelResponse
 from arealite.api.reward_api import REWARD_FAILURE_POLICIES, check_reward_fn
 from arealite.api.reward_model_api import RewardModelScorer
-from arealite.api.trajectory import pad_sequences_to_tensors
+from arealite.api.trajectory import ROUTED_EXPERTS, pad_sequences_to_tensors, routed_experts_row
 from arealite.api.workflow_api import RolloutWorkflow, generate_group
 from workflows.dump import dump_samples
 from workflows.prompting import (
@@ -43,6 +43,8 @@ def trajectory_row(prompt_ids: list[int], resp: ModelResponse, reward: float, si
     }
     if sid is not None:
         row["sample_ids"] = sid
+    if resp.routed_experts is not None:  # a mixture-of-experts server's routing, for replay
+        row[ROUTED_EXPERTS] = routed_experts_row(resp.routed_experts, n_in + n_out)
     return row
 
 

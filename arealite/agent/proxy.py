@@ -48,6 +48,7 @@ from arealite.agent.chat import (
 from arealite.agent.session import AgentSession, Segment, SessionError, Turn
 from arealite.api.config.rollout import GenerationHyperparameters
 from arealite.api.io_struct import ModelRequest
+from arealite.api.trajectory import join_routed_experts
 from arealite.api.workflow_api import GenerateEngine
 
 MODEL_NAME = "arealite-policy"
@@ -177,6 +178,8 @@ class AgentProxy:
             session.segments.append(seg)
             idx = len(session.segments) - 1
         seg.tokens += new_ids + out
+        if resp.routed_experts is not None:
+            seg.routed = join_routed_experts(seg.routed, resp.routed_experts)
         seg.loss_mask += [0] * len(new_ids) + [1] * len(out)
         seg.logprobs += [0.0] * len(new_ids) + [float(x) for x in resp.output_logprobs]
         seg.versions += [-1] * len(new_ids) + [int(v) for v in resp.output_versions]

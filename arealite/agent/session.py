@@ -24,6 +24,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from arealite.api.trajectory import ROUTED_EXPERTS, routed_experts_row
+
 
 @dataclass
 class Turn:
@@ -49,6 +51,8 @@ class Segment:
     tools_key: str
     turns: list[int] = field(default_factory=list)
     rendered: str = ""  # the template's rendering of ``messages`` (append-only check)
+    # a MoE server's routing of ``tokens[:-1]`` (each turn adds the rows past earlier turns')
+    routed: Any = None
 
 
 class SessionError(RuntimeError):
@@ -106,8 +110,14 @@ class AgentSession:
     def rows(self) -> list[dict[str, Any]]:
         """One trajectory row per segment (python lists; see ``arealite.api.trajectory``)."""
         g = self.returns()
-        return [{
-            "input_ids": list(s.tokens), "loss_mask": list(s.loss_mask),
-            "logprobs": list(s.logprobs), "versions": list(s.versions),
-            "rewards": float(g[s.turns[0]]), "num_turns": len(s.turns),
-        } for s in self.segments if s.turns]
+        rows = []
+        for s in self.segments:
+            if not s.turns:
+                continue
+            row = {"input_ids": list(s.tokens), "loss_mask": list(s.loss_mask),
+                   "logprobs": list(s.logprobs), "versions": list(s.versions),
+                   "rewards": float(g[s.turns[0]]), "num_turns": len(s.turns)}
+            if s.routed is not None:
+                row[ROUTED_EXPERTS] = routed_experts_row(s.routed, len(s.tokens))
+            rows.append(row)
+        return rows

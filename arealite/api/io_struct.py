@@ -98,6 +98,10 @@ class ModelResponse:
     ttft: float = float("inf")  # time to first token (seconds)
     server: str = ""  # address of the server that produced the last segment
     scores: list[float] | None = None  # a scoring server's head outputs (reward model), else None
+    # a mixture-of-experts server's routing (``gconfig.return_routed_experts``): int32
+    # ``[input_len + output_len - 1, num_layers * top_k]``, one row per token fed to a forward
+    # (every token but the last), as the server routed it; None when not asked
+    routed_experts: Any = None
 
     @property
     def input_len(self) -> int:

@@ -11,6 +11,11 @@ row per sample), right-padded along dim 1:
                                        -1 on prompt, feedback and padding tokens
 - ``rewards``        ``[B]``    float32 scalar reward per sample
 
+Optional: ``routed_experts`` ``[B, S, L*k]`` int32, a mixture-of-experts model's routing of each
+token *as input* (layer-major, ``top_k`` ids per layer, as the server chose them; not shifted to
+the next token like the per-token values above), -1 on rows with no routing (the last token of
+each row, which the server never fed, and padding): the trainer's routing replay reads it.
+
 Further keys are allowed when their leading dimension is ``B`` (e.g. ``sample_ids [B]``, the
 row's integer ``id``). The rollout executor adds two to every trajectory it accepts, whatever the
 workflow: ``episode_ids [B]`` int64 (the episode's serial number in the run: no two episodes
@@ -29,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 TensorDict = dict[str, torch.Tensor]
@@ -38,7 +44,40 @@ EPISODE_IDS_KEY = "episode_ids"
 DATA_EPOCHS_KEY = "data_epochs"
 
 # Padding values per key; anything else pads with 0. versions pad with -1 (not generated).
-PAD_VALUES: dict[str, int | float | bool] = {"versions": -1, "attention_mask": False, "loss_mask": False}
+PAD_VALUES: dict[str, int | float | bool] = {"versions": -1, "attention_mask": False, "loss_mask": False,
+                                             "routed_experts": -1}
+ROUTED_EXPERTS = "routed_experts"
+
+
+class RoutedExpertsError(ValueError):
+    """Routed experts that do not fit their tokens (length or width)."""
+
+
+def join_routed_experts(known: np.ndarray | None, new: np.ndarray, start: int = 0) -> np.ndarray:
+    """Rows ``[0, len(known))`` already held, joined with ``new`` (rows from ``start`` on, as a
+    server reports them from ``routed_experts_start_len``): the rows held stay (they are the
+    routing the earlier tokens were generated with), ``new`` adds the rows past them."""
+    if known is None or len(known) == 0:
+        if start != 0:
+            raise RoutedExpertsError(f"routed experts start at row {start} with no earlier rows")
+        return new
+    if start > len(known):
+        raise RoutedExpertsError(f"routed experts start at row {start}, after the {len(known)} held")
+    if new.shape[1:] != known.shape[1:]:
+        raise RoutedExpertsError(f"routed experts of width {new.shape[1:]} join rows of width "
+                                 f"{known.shape[1:]}")
+    return np.concatenate([known, new[len(known) - start:]])
+
+
+def routed_experts_row(rows: np.ndarray, n_tokens: int) -> torch.Tensor:
+    """A sample's ``[n_tokens - 1, W]`` routed experts as its ``[n_tokens, W]`` trajectory value
+    (-1 on the last token, which no forward fed)."""
+    if rows.ndim != 2 or len(rows) != n_tokens - 1:
+        raise RoutedExpertsError(f"{len(rows)} rows of routed experts for {n_tokens} tokens "
+                                 f"(expected {n_tokens - 1})")
+    out = torch.full((n_tokens, rows.shape[1]), -1, dtype=torch.int32)
+    out[:-1] = torch.from_numpy(np.array(rows, dtype=np.int32))  # a copy: the wire's buffer is read-only
+    return out
 
 
 def check_trajectory(traj: Any) -> None:
@@ -68,8 +107,9 @@ def concat_padded_tensors(items: Sequence[TensorDict], pad_values: dict | None =
         ts = [it[k] for it in items]
         if ts[0].dim() >= 2:
             width = max(t.shape[1] for t in ts)
+            inner = (0, 0) * (ts[0].dim() - 2)  # pad dim 1 only, whatever follows it
             ts = [
-                torch.nn.functional.pad(t, (0, width - t.shape[1]), value=pads.get(k, 0))
+                torch.nn.functional.pad(t, (*inner, 0, width - t.shape[1]), value=pads.get(k, 0))
                 if t.shape[1] < width
                 else t
                 for t in ts
@@ -90,7 +130,12 @@ def pad_sequences_to_tensors(
     out: TensorDict = {}
     for k in seqs[0]:
         vals = [s[k] for s in seqs]
-        if isinstance(vals[0], (list, tuple)):
+        if isinstance(vals[0], torch.Tensor) and vals[0].dim() >= 1:  # [len, ...] per row
+            t = torch.full((len(vals), width, *vals[0].shape[1:]), pads.get(k, 0), dtype=vals[0].dtype)
+            for i, v in enumerate(vals):
+                t[i, : len(v)] = v
+            out[k] = t
+        elif isinstance(vals[0], (list, tuple)):
             dtype = torch.float32 if k == "logprobs" else (torch.bool if k.endswith("mask") else torch.long)
             t = torch.full((len(vals), width), pads.get(k, 0), dtype=dtype)
             for i, v in enumerate(vals):

@@ -35,6 +35,10 @@ class Segment:
     finish_message: str = ""
     weight_version: str | None = None
     scores: list[float] | None = None  # a scoring backend's answer (``score_protocol``)
+    # SGLang's ``meta_info.routed_experts`` decoded: flat int32 ids of rows ``[routed_start,
+    # input + output - 1)``; None when the answer has none
+    routed_experts: Any = None
+    routed_start: int = 0
 
 
 class GenerateProtocol(Protocol):

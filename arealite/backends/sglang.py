@@ -15,10 +15,13 @@ read as the *engine's version when the request started* (the caller passes it as
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 from json.encoder import encode_basestring_ascii
 from typing import Any
+
+import numpy as np
 
 from arealite.api.config.rollout import GenerationHyperparameters
 from arealite.api.io_struct import token_ids_json
@@ -98,6 +101,8 @@ def generate_payload(
     }
     if lora is not None:
         body["lora_path"] = lora
+    if g.return_routed_experts:
+        body["return_routed_experts"] = True
     return body
 
 
@@ -145,9 +150,17 @@ def encode_generate_body(
         b"," + json.dumps(optional)[1:-1].encode() if optional else b"",
         encode_basestring_ascii(rid).encode(),
     )
+    if g.return_routed_experts:
+        body = body[:-1] + b',"return_routed_experts":true}'
     if lora is not None:
         return body[:-1] + b',"lora_path":' + encode_basestring_ascii(lora).encode() + b"}"
     return body
+
+
+def add_routed_experts_start(body: bytes, start: int) -> bytes:
+    """``body`` asking only for routed-expert rows from ``start`` on (SGLang's
+    ``routed_experts_start_len``): a resumed segment's earlier rows are already held."""
+    return body[:-1] + b',"routed_experts_start_len":%d}' % int(start)
 
 
 def add_image_data(body: bytes, image_data: list[str]) -> bytes:
@@ -167,7 +180,8 @@ def encode_batch_body(
     return (b'{"input_ids":[' + b",".join(ids_jsons) + b'],"sampling_params":'
             + json.dumps(sampling_params(g, max_new_tokens)).encode()
             + b',"return_logprob":true,"logprob_start_len":-1,"stream":false,"rid":'
-            + json.dumps(rids).encode() + b"}")
+            + json.dumps(rids).encode()
+            + (b',"return_routed_experts":true}' if g.return_routed_experts else b"}"))
 
 
 def parse_batch_response(body: Any, n: int, fallback_version: int) -> list[Segment]:
@@ -281,10 +295,31 @@ def parse_generate_response(body: Any, fallback_version: int) -> Segment:
         except (TypeError, ValueError) as e:
             raise ProtocolError(f"a logprob is neither a number nor null: {e}") from e
     kind, msg = parse_finish_reason(meta.get("finish_reason"))
-    return Segment(
+    seg = Segment(
         ids, logprobs, token_versions(meta, n, fallback_version), kind, msg,
         meta.get("weight_version"),
     )
+    routed = meta.get("routed_experts")
+    if routed is not None:
+        seg.routed_experts, seg.routed_start = decode_routed_experts(
+            routed, meta.get("routed_experts_start_len"))
+    return seg
+
+
+def decode_routed_experts(value: Any, start: Any) -> tuple[np.ndarray, int]:
+    """SGLang's ``meta_info.routed_experts`` (base64 of little-endian int32 bytes) as a flat
+    array, and the row it starts at (``routed_experts_start_len``, 0 when absent)."""
+    if not isinstance(value, str):
+        raise ProtocolError(f"routed_experts must be a base64 string, got {type(value).__name__}")
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except ValueError as e:
+        raise ProtocolError(f"routed_experts is not base64: {e}") from e
+    if len(raw) % 4:
+        raise ProtocolError(f"routed_experts holds {len(raw)} bytes, not int32 values")
+    if start is not None and (type(start) is not int or start < 0):
+        raise ProtocolError(f"routed_experts_start_len must be a non-negative int, got {start!r}")
+    return np.frombuffer(raw, dtype="<i4"), int(start or 0)
 
 
 class SGLangProtocol:
@@ -296,6 +331,7 @@ class SGLangProtocol:
     encode_generate_body = staticmethod(encode_generate_body)
     parse_generate_response = staticmethod(parse_generate_response)
     add_image_data = staticmethod(add_image_data)
+    add_routed_experts_start = staticmethod(add_routed_experts_start)
     # optional members (``group_generate``): a GRPO group's first segments in one call
     encode_batch_body = staticmethod(encode_batch_body)
     parse_batch_response = staticmethod(parse_batch_response)

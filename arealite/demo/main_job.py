@@ -7,6 +7,10 @@
    the FSDP2 trainer as separate processes, weights pushed over a gloo broadcast each step;
 4. draws the reward curve and says where every output is.
 
+With ``--moe`` (``arealite main-job --moe``) the same job runs on the tiny model's
+mixture-of-experts twin (Qwen3-MoE, 4 experts, top-2; assets under ``outputs/assets_moe``, run
+``toy-grpo/moe``) with rollout routing replay (``actor.routing_replay``, docs/moe.md).
+
 Overrides (``key=value``) go to the GRPO config, e.g. ``arealite main-job total_train_steps=10``;
 those prefixed ``sft.`` go to the SFT warm start, e.g. ``sft.total_train_steps=100`` (a
 shortened job, as the tests run it; a warm start already on disk is reused as it is).
@@ -29,12 +33,12 @@ SFT_CONFIG = "configs/toy_sft.yaml"
 SFT_STOP_ACCURACY = 0.35
 
 
-def build_assets(assets: Path) -> None:
-    from arealite.demo.tiny import build_tiny_model
+def build_assets(assets: Path, moe: bool = False) -> None:
+    from arealite.demo.tiny import TinyModelSpec, build_tiny_model
     from arealite.demo.toy_math import write_toy_math
 
     if not (assets / "tiny_model" / "config.json").is_file():
-        build_tiny_model(assets / "tiny_model")
+        build_tiny_model(assets / "tiny_model", TinyModelSpec(moe=moe))
     if not (assets / "toy_math" / "valid.jsonl").is_file():
         write_toy_math(assets / "toy_math", n_train=3000, n_valid=200, seed=0)
 
@@ -116,7 +120,14 @@ def run_job(overrides: list[str] | None, *, grpo_config: str, sft_config: str, a
     return code
 
 
-def main(overrides: list[str] | None = None) -> int:
+def main(overrides: list[str] | None = None, moe: bool = False) -> int:
+    if moe:  # the MoE twin, its own assets and run; the user's overrides still win
+        return run_job(["trial_name=moe", "actor.routing_replay=true", *(overrides or [])],
+                       grpo_config=GRPO_CONFIG, sft_config=SFT_CONFIG, assets_dir="assets_moe",
+                       build=lambda a: build_assets(a, moe=True), asset_args=asset_overrides,
+                       sft_args=[f"stop_at_valid_accuracy={SFT_STOP_ACCURACY}"],
+                       steps=("building the tiny MoE model and the toy task", "SFT warm start",
+                              "async GRPO with routing replay on {backend} servers"))
     return run_job(overrides, grpo_config=GRPO_CONFIG, sft_config=SFT_CONFIG, assets_dir="assets",
                    build=build_assets, asset_args=asset_overrides,
                    sft_args=[f"stop_at_valid_accuracy={SFT_STOP_ACCURACY}"],
@@ -125,4 +136,5 @@ def main(overrides: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    args = sys.argv[1:]
+    sys.exit(main([a for a in args if a != "--moe"], moe="--moe" in args))

@@ -82,6 +82,16 @@ class TinyModelSpec:
     # a Qwen2-VL vision-language model (arealite.demo.tiny_vl) instead of a text-only Qwen2;
     # its tokenizer also carries the vision tokens and the toy vision task's questions
     vision: bool = False
+    # a Qwen3-MoE mixture-of-experts model instead of the dense Qwen2: every layer's MLP is
+    # ``num_experts`` experts of ``moe_intermediate_size``, ``num_experts_per_tok`` routed per
+    # token (same attention, tokenizer and task as the dense model)
+    moe: bool = False
+    num_experts: int = 4
+    num_experts_per_tok: int = 2
+    moe_intermediate_size: int = 192
+    # std of the random init (transformers' default 0.02); larger makes an untrained model's
+    # outputs depend strongly on its weights (benchmarks/studies/routing_replay.py)
+    initializer_range: float = 0.02
 
 
 def _tokenizer_corpus(seed: int, corpus: str = "toy_math", vision: bool = False) -> list[str]:
@@ -139,7 +149,8 @@ def build_tokenizer(out_dir: str | Path, spec: TinyModelSpec | None = None):
 
 
 def build_tiny_model(out_dir: str | Path, spec: TinyModelSpec | None = None) -> Path:
-    """Build tokenizer + randomly initialised Qwen2 model into ``out_dir`` (an HF directory)."""
+    """Build tokenizer + randomly initialised Qwen2 model (Qwen3-MoE with ``spec.moe``) into
+    ``out_dir`` (an HF directory)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     spec = spec or TinyModelSpec()
@@ -150,7 +161,15 @@ def build_tiny_model(out_dir: str | Path, spec: TinyModelSpec | None = None) -> 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tok = build_tokenizer(out, spec)
-    config = Qwen2Config(
+    if spec.moe:
+        return build_tiny_moe(out, spec, tok)
+    config = Qwen2Config(**text_config_kwargs(spec, tok))
+    return save_random_model(out, Qwen2ForCausalLM, config, tok, spec)
+
+
+def text_config_kwargs(spec: TinyModelSpec, tok: Any) -> dict[str, Any]:
+    """The decoder settings the dense model and its MoE twin share (sizes, special tokens)."""
+    return dict(
         vocab_size=len(tok),
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
@@ -159,12 +178,31 @@ def build_tiny_model(out_dir: str | Path, spec: TinyModelSpec | None = None) -> 
         num_key_value_heads=spec.num_key_value_heads,
         max_position_embeddings=spec.max_position_embeddings,
         tie_word_embeddings=spec.tie_word_embeddings,
+        initializer_range=spec.initializer_range,
         bos_token_id=None,
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
         torch_dtype="float32",
     )
-    return save_random_model(out, Qwen2ForCausalLM, config, tok, spec)
+
+
+def build_tiny_moe(out: Path, spec: TinyModelSpec, tok: Any) -> Path:
+    """The MoE twin of the dense model: Qwen3-MoE with the same sizes, its MLPs made of experts.
+
+    The router picks ``num_experts_per_tok`` of ``num_experts`` by softmax then top-k, with the
+    chosen weights renormalised (``norm_topk_prob``, as Qwen3-30B-A3B ships).
+    """
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    config = Qwen3MoeConfig(
+        **text_config_kwargs(spec, tok),
+        moe_intermediate_size=spec.moe_intermediate_size,
+        num_experts=spec.num_experts,
+        num_experts_per_tok=spec.num_experts_per_tok,
+        norm_topk_prob=True,
+        head_dim=spec.hidden_size // spec.num_attention_heads,
+    )
+    return save_random_model(out, Qwen3MoeForCausalLM, config, tok, spec)
 
 
 def save_random_model(out: Path, model_cls: Any, config: Any, tok: Any, spec: TinyModelSpec) -> Path:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from arealite.engine import flex_segments, segment_attention
+from arealite.engine import context_parallel, flex_segments, segment_attention
 
 # kernels that read a packed micro-batch's SegmentLayout (and so can share GRPO prompts)
-LAYOUT_IMPLS = (segment_attention.ATTN_NAME, flex_segments.ATTN_NAME)
+LAYOUT_IMPLS = (segment_attention.ATTN_NAME, flex_segments.ATTN_NAME, context_parallel.ATTN_NAME)
 
 
 def resolve_attn_impl(attn_impl: str, device: torch.device) -> str:

@@ -21,7 +21,10 @@ once (``arealite.engine.prefix_pack``); the logits are expanded back to the ordi
 layout, so loss functions see no difference. Loss
 functions receive ``(logits [T, V], packed_mb)`` where the packed dict is in next-token
 alignment: ``logits[i]`` predicts ``labels[i]`` and ``loss_mask[i]``, ``logprobs[i]``, ... refer
-to that same token (see ``arealite.engine.packing``).
+to that same token (see ``arealite.engine.packing``). With ``logprob_head: fused`` (the
+default) a causal LM's "logits" are a ``HeadInput`` (``arealite.engine.lm_head``): the final
+hidden states and the head weight, which ``arealite.engine.functional`` turns into log-probs
+and entropy chunk by chunk without a ``[T, V]`` tensor.
 """
 
 from __future__ import annotations
@@ -46,9 +49,11 @@ from arealite.api.io_struct import (
 )
 from arealite.api.trajectory import TensorDict
 from arealite.engine import checkpoint as ckpt
-from arealite.engine import lora, segment_attention
+from arealite.engine import context_parallel, lora, segment_attention
 from arealite.engine.attn_impl import LAYOUT_IMPLS, resolve_attn_impl
-from arealite.engine.functional import gather_logprobs
+from arealite.engine.context_parallel import CPGroup, gather_rows, gather_tokens, shard_packed
+from arealite.engine.functional import gather_logprobs, zero_loss
+from arealite.engine.lm_head import HeadInput, capture_head, supports_fused_head
 from arealite.engine.packing import (
     MicroBatchList,
     block_causal_mask,
@@ -57,6 +62,7 @@ from arealite.engine.packing import (
     unpack_to_padded,
 )
 from arealite.engine.prefix_pack import group_units, share_prefixes, shared_sizes
+from arealite.engine.routing_replay import RoutingReplay
 from arealite.engine.vision_pack import VISION_KEYS, image_placeholders, pack_images, patch_dim
 from arealite.observe.timing import timer
 from arealite.utils.distributed import (
@@ -82,6 +88,18 @@ logger = logging.getLogger("arealite.engine.fsdp")
 LossFn = Callable[[torch.Tensor, TensorDict], torch.Tensor]
 WeightFn = Callable[[TensorDict], "float | torch.Tensor"]
 
+
+
+def replay_rows(packed: TensorDict) -> torch.Tensor | None:
+    """A packed micro-batch's ``routed_experts`` in the order the model sees its tokens: with
+    shared prompts (``shared_input_ids``) each shared token takes its packed rows' routing."""
+    rows = packed.get("routed_experts")
+    if rows is None or "expand_index" not in packed:
+        return rows
+    shared = rows.new_full((packed["shared_input_ids"].shape[0], rows.shape[1]), -1)
+    valid = rows[:, 0] >= 0  # a row's last token (-1) never overwrites a shared token's routing
+    shared[packed["expand_index"][valid]] = rows[valid]
+    return shared
 
 class FSDPEngine(TrainEngine):
     # "causal_lm": logits over the vocabulary; "value": one scalar per position (a critic,
@@ -115,6 +133,8 @@ class FSDPEngine(TrainEngine):
         # rows i*g .. i*g+g-1 share a prompt: kept in one micro-batch, prefix computed once
         self.prefix_group_size = 1
         self.sharded = True  # FSDP2-wrapped (see initialize)
+        self._fused_head = False  # loss functions see a HeadInput (see initialize)
+        self.cp: CPGroup | None = None  # context-parallel group (context_parallel_size > 1)
 
     # ------------------------------------------------------------------ set-up
 
@@ -138,9 +158,14 @@ class FSDPEngine(TrainEngine):
         self.rank, self.world_size = init_default_process_group(self.backend, self.device)
         self.dp_group = dist.group.WORLD
         self.mesh = init_device_mesh(self.device.type, (self.world_size,), mesh_dim_names=("dp",))
+        self._init_context_parallel()
         dtype = to_dtype(self.config.dtype)
         extra = {"num_labels": 1} if self.model_kind in ckpt.SCALAR_HEAD_KINDS else {}
         self.hf_config = AutoConfig.from_pretrained(self.config.path, **extra)
+        heads = getattr(self.hf_config, "num_attention_heads", 0)
+        if self.cp is not None and heads % self.cp.size:
+            raise ValueError(f"context_parallel_size={self.cp.size} does not divide the model's "
+                             f"{heads} attention heads")
         self.load_kind = self.model_kind
         if self.model_kind == "causal_lm":  # a vision-language model has its own Auto class
             self.load_kind = ckpt.causal_kind(self.hf_config)
@@ -184,8 +209,40 @@ class FSDPEngine(TrainEngine):
         load_full_state_dict(model, full)
         del full
         self.model = model
+        self._fused_head = self._use_fused_head(model)
+        self.routing: RoutingReplay | None = None
+        if self.config.routing_replay:
+            if self.cp is not None:  # the experts would have to be sharded like the tokens
+                raise ValueError("actor.routing_replay with context_parallel_size > 1 is not "
+                                 "supported yet")
+            text = self.hf_config.get_text_config()
+            self.routing = RoutingReplay(model, int(text.num_hidden_layers))
         self._build_optimizer(ft_spec)
         self._uploader = DistributedUploader(self.backend, self.device)
+
+    def _init_context_parallel(self) -> None:
+        """A data x context mesh: ranks ``i*cp .. i*cp+cp-1`` form a cp group. FSDP2 keeps
+        sharding over the whole world (``self.mesh``)."""
+        cp = self.config.context_parallel_size
+        if cp == 1:
+            return
+        if self.world_size % cp:
+            raise ValueError(f"context_parallel_size={cp} does not divide the world size "
+                             f"{self.world_size}")
+        if self.model_kind != "causal_lm":
+            raise ValueError(f"context_parallel_size > 1 serves causal LMs only, not {self.model_kind}")
+        mesh = init_device_mesh(self.device.type, (self.world_size // cp, cp),
+                                mesh_dim_names=("dp", "cp"))
+        self.cp = CPGroup(mesh.get_group("cp"), cp, mesh.get_local_rank("cp"))
+        self.attn_impl = context_parallel.register()
+
+    def _use_fused_head(self, model: torch.nn.Module) -> bool:
+        if self.config.logprob_head != "fused" or self.model_kind != "causal_lm":
+            return False
+        why = supports_fused_head(model)
+        if why is not None:
+            logger.warning("logprob_head=fused: using the dense head, %s", why)
+        return why is None
 
     def _wrap_lora(self, model: torch.nn.Module, full: dict[str, torch.Tensor]):
         """The peft model (adapters on the configured modules, base frozen) and the full state
@@ -246,7 +303,7 @@ class FSDPEngine(TrainEngine):
 
     @property
     def shares_prefixes(self) -> bool:
-        return self.prefix_group_size > 1 and self.attn_impl in LAYOUT_IMPLS
+        return self.prefix_group_size > 1 and self.attn_impl in LAYOUT_IMPLS and self.cp is None
 
     def split_micro_batches(self, input_: TensorDict) -> MicroBatchList:
         data = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v
@@ -263,6 +320,8 @@ class FSDPEngine(TrainEngine):
         batch rows of ``mb``, which tell the GRPO groups apart)."""
         images = {k: mb.pop(k) for k in VISION_KEYS if k in mb}
         p = pack_tensor_dict(mb)
+        if images and self.cp is not None:
+            raise ValueError("context_parallel_size > 1 does not serve rows with images yet")
         if images:  # each row's images stay with its tokens (arealite.engine.vision_pack)
             mb.update(images)
             p.update(pack_images(mb, patch_dim(self.hf_config), self.model.model.get_rope_index))
@@ -276,11 +335,30 @@ class FSDPEngine(TrainEngine):
         else:
             layout = segment_attention.sequence_layout(p["cu_seqlens"]).to(self.device)
         p["segment_layout"] = layout
+        if self.cp is not None:  # this rank's token slice (arealite.engine.context_parallel)
+            return shard_packed(p, self.cp)
         return p
 
-    def model_forward(self, packed: TensorDict) -> torch.Tensor:
-        """Logits ``[T, V]`` of one packed micro-batch (sequences never attend to each other)."""
+    @property
+    def fuses_head(self) -> bool:
+        """Loss functions get a ``HeadInput`` instead of logits (``logprob_head: fused``)."""
+        return self.model_kind == "causal_lm" and self._fused_head
+
+    def model_forward(self, packed: TensorDict) -> torch.Tensor | HeadInput:
+        """Logits ``[T, V]`` of one packed micro-batch (sequences never attend to each other),
+        or, with the fused head, the ``HeadInput`` they would come from (no ``[T, V]``)."""
         model = self._check_ready()
+        if self.routing is not None:
+            self.routing.replay(replay_rows(packed))
+        if not self.fuses_head:
+            return self._model_forward(model, packed)
+        with capture_head(model, self.config.logprob_chunk_size) as box:
+            hidden = self._model_forward(model, packed)
+        head = box["head"]
+        head.hidden = hidden  # [T, H], after expand_index like logits would be
+        return head
+
+    def _model_forward(self, model: torch.nn.Module, packed: TensorDict) -> torch.Tensor:
         ids = packed["input_ids"][None]
         pos = packed["position_ids"][None]
         cu = packed["cu_seqlens"]
@@ -297,6 +375,8 @@ class FSDPEngine(TrainEngine):
             ids = packed.get("shared_input_ids", packed["input_ids"])[None]
             if "rope_position_ids" not in packed:  # (no shared prompts with images)
                 pos = packed.get("shared_position_ids", packed["position_ids"])[None]
+            if self.cp is not None:
+                kwargs["cp_group"] = self.cp
             with placeholders:
                 out = model(input_ids=ids, position_ids=pos, use_cache=False,
                             segment_layout=packed["segment_layout"], **kwargs)
@@ -325,10 +405,13 @@ class FSDPEngine(TrainEngine):
         if self.optimizer is None:
             raise RuntimeError("this engine has no optimizer (optimizer: null in its config)")
         self.train(True)
+        if self.cp is not None:  # the cp group trains on the rows of all its ranks
+            input_, _ = gather_rows(input_, self.cp)
         mbl = self.split_micro_batches(input_)
         packed = [self.pack(mb, idx) for mb, idx in zip(mbl.mbs, mbl.indices)]
         weights = [float(loss_weight_fn(p)) if idx else 0.0 for p, idx in zip(packed, mbl.indices)]
-        totals = torch.tensor([sum(weights), float(sum(int(p["cu_seqlens"][-1]) for p in packed))],
+        cp = self.cp.size if self.cp is not None else 1  # each cp rank counts its group's tokens
+        totals = torch.tensor([sum(weights), sum(int(p["cu_seqlens"][-1]) for p in packed) / cp],
                               dtype=torch.float64, device=self._comm_device())
         all_reduce(totals, group=self.dp_group)
         total_w = float(totals[0])
@@ -347,7 +430,7 @@ class FSDPEngine(TrainEngine):
             else:
                 # no loss here (dummy or weightless micro-batch): still run backward so the
                 # FSDP collectives of every rank match
-                scaled = logits.sum() * 0.0
+                scaled = zero_loss(logits)
             scaled.backward()
         all_reduce(loss_sum, group=self.dp_group)
         params = [p for p in model.parameters() if p.requires_grad]
@@ -388,6 +471,9 @@ class FSDPEngine(TrainEngine):
         was_training = self._train_mode
         model.eval()
         try:
+            own, width = slice(None), input_["input_ids"].shape[1]
+            if self.cp is not None:
+                input_, own = gather_rows(input_, self.cp)
             mbl = self.split_micro_batches(input_)
             outs = []
             for mb, idx in zip(mbl.mbs, mbl.indices):
@@ -399,9 +485,11 @@ class FSDPEngine(TrainEngine):
                     v = logits.squeeze(-1)
                 else:
                     v = gather_logprobs(logits, p["labels"])
+                if self.cp is not None:
+                    v = gather_tokens(v, self.cp, p["cp_tokens"])
                 outs.append(unpack_to_padded(v.float(), p["cu_seqlens"], mb["input_ids"].shape[1],
                                              shift_back=True))
-            return mbl.restore(outs).cpu()
+            return mbl.restore(outs)[own, :width].cpu()
         finally:
             model.train(was_training)
 

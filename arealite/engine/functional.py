@@ -1,5 +1,5 @@
-"""Tensor helpers the trainer shares: label logprobs (and entropy) from logits, masked means
-and normalisation, mask indexing. No algorithm lives here: PPO's losses and advantages are in
+"""Tensor helpers the trainer shares: label logprobs (and entropy) from logits or from the
+fused head's hidden states, masked means and normalisation, mask indexing. No algorithm lives here: PPO's losses and advantages are in
 ``arealite.engine.ppo.loss`` and ``arealite.engine.ppo.advantages``.
 """
 
@@ -8,9 +8,15 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from arealite.engine.lm_head import HeadInput, fused_logprobs
 from arealite.utils.distributed import all_reduce as reduce_across
 
 # --------------------------------------------------------------------------- logprobs
+#
+# ``scores`` is either the logits ``[N, V]`` or a ``HeadInput`` (hidden states + head weight,
+# ``arealite.engine.lm_head``): the engine hands loss functions the latter by default, and
+# every function here computes the same numbers from both, the fused form without ever holding
+# an ``[N, V]`` tensor beyond one chunk.
 
 
 def _chunked(logits: torch.Tensor, chunk_size: int):
@@ -21,16 +27,23 @@ def _chunked(logits: torch.Tensor, chunk_size: int):
 
 
 def gather_logprobs(
-    logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0, chunk_size: int = 1024
+    logits: torch.Tensor | HeadInput,
+    labels: torch.Tensor,
+    temperature: float = 1.0,
+    chunk_size: int = 1024,
 ) -> torch.Tensor:
     """``log_softmax(logits / temperature)[i, labels[i]]`` for ``logits [N, V]``, in row chunks.
 
     Written as ``logit[label] - logsumexp(logits)``: autograd then keeps no ``[N, V]``
     softmax per chunk (logsumexp's backward recomputes it from the logits), so chunking bounds
-    the peak memory of forward *and* backward to one ``[chunk, V]`` temporary.
+    the peak memory of forward *and* backward to one ``[chunk, V]`` temporary. A ``HeadInput``
+    goes through the fused head (its own chunk size).
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
+    if isinstance(logits, HeadInput):
+        h = logits
+        return fused_logprobs(h.hidden, h.weight, labels, temperature, h.chunk_size, h.bias)[0]
     outs = []
     for sl in _chunked(logits, chunk_size):
         x = logits[sl].float()
@@ -43,9 +56,18 @@ def gather_logprobs(
 
 @torch.no_grad()
 def gather_logprobs_entropy(
-    logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0, chunk_size: int = 1024
+    logits: torch.Tensor | HeadInput,
+    labels: torch.Tensor,
+    temperature: float = 1.0,
+    chunk_size: int = 1024,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Label logprobs and the entropy of ``softmax(logits / temperature)`` per row (no grad)."""
+    if isinstance(logits, HeadInput):
+        h = logits
+        lp, ent = fused_logprobs(
+            h.hidden, h.weight, labels, temperature, h.chunk_size, h.bias, with_entropy=True
+        )
+        return lp, ent
     lps, ents = [], []
     for sl in _chunked(logits, chunk_size):
         x = logits[sl].float() / temperature
@@ -56,6 +78,42 @@ def gather_logprobs_entropy(
         z = logits.new_zeros(0, dtype=torch.float32)
         return z, z.clone()
     return torch.cat(lps), torch.cat(ents)
+
+
+def logprobs_and_entropy(
+    logits: torch.Tensor | HeadInput,
+    labels: torch.Tensor,
+    temperature: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Label logprobs (differentiable) and the entropy per row (detached) in one call: the
+    fused head computes both in a single pass over the vocabulary; logits take two passes."""
+    if isinstance(logits, HeadInput):
+        h = logits
+        lp, ent = fused_logprobs(
+            h.hidden, h.weight, labels, temperature, h.chunk_size, h.bias, with_entropy=True
+        )
+        return lp, ent.detach()
+    lp = gather_logprobs(logits, labels, temperature)
+    return lp, gather_logprobs_entropy(logits.detach(), labels, temperature)[1]
+
+
+@torch.no_grad()
+def greedy_tokens(logits: torch.Tensor | HeadInput) -> torch.Tensor:
+    """``argmax`` over the vocabulary per row (chunked for a ``HeadInput``)."""
+    if isinstance(logits, HeadInput):
+        out = torch.empty(len(logits), dtype=torch.long, device=logits.hidden.device)
+        for sl, z in logits.chunks():
+            out[sl] = z.argmax(-1)
+        return out
+    return logits.argmax(-1)
+
+
+def zero_loss(logits: torch.Tensor | HeadInput) -> torch.Tensor:
+    """A zero connected to every parameter the scores came from (FSDP's collectives of a rank
+    with nothing to learn must still match the others')."""
+    if isinstance(logits, HeadInput):
+        return logits.zero_loss()
+    return logits.sum() * 0.0
 
 
 # --------------------------------------------------------------------------- normalisation

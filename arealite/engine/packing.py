@@ -39,6 +39,9 @@ def seqlens_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 
 # per-row values whose dim 1 is not the token axis, whatever its length (a row's image patches)
 NON_TOKEN_KEYS = frozenset({"pixel_values", "image_grid_thw"})
+# per-token values about the token as the model's *input* (the experts a MoE server routed it
+# to), packed on their own token like ``input_ids``, never shifted to the next one
+INPUT_KEYS = frozenset({"input_ids", "routed_experts"})
 
 
 def is_token_key(data: TensorDict, key: str) -> bool:
@@ -66,7 +69,7 @@ def pack_tensor_dict(data: TensorDict, shift: bool = True) -> TensorDict:
     Returns the token keys packed to ``[T, ...]`` (``T = Σ len_b``), per-sample ``[B]`` keys as
     they are, ``cu_seqlens`` (int32 ``[B + 1]``), ``max_seqlen`` (0-d int), ``position_ids``
     (``[T]``, restarting at 0 in each sequence) and, with ``shift``, ``labels`` plus every token
-    key but ``input_ids`` in next-token alignment (see the module comment).
+    key but the ``INPUT_KEYS`` in next-token alignment (see the module comment).
     """
     if "input_ids" not in data or "attention_mask" not in data:
         raise ValueError("pack_tensor_dict needs input_ids and attention_mask")
@@ -78,7 +81,7 @@ def pack_tensor_dict(data: TensorDict, shift: bool = True) -> TensorDict:
         if k == "attention_mask":
             continue
         if is_token_key(data, k):
-            if shift and k != "input_ids":
+            if shift and k not in INPUT_KEYS:
                 fill = False if v.dtype == torch.bool else (-1 if k == "versions" else 0)
                 v = next_token_view(v, lens, fill)
             out[k] = v[keep]
@@ -251,6 +254,8 @@ def dummy_row(like: TensorDict) -> TensorDict:
     out["attention_mask"][:] = True
     if "versions" in out:
         out["versions"][:] = -1
+    if "routed_experts" in out:  # no routing to replay: the router picks
+        out["routed_experts"][:] = -1
     return out
 
 

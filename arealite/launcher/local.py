@@ -32,7 +32,7 @@ from arealite.api.reward_model_api import RM_ADDRS_ENV
 from arealite.launcher import plan
 from arealite.launcher import reward_model_servers as rm
 from arealite.launcher.plan import LaunchError, ProcSpec
-from arealite.launcher.preflight import check_modules
+from arealite.launcher.preflight import check_context_parallel, check_modules
 from arealite.launcher.server_cycle import CYCLE_ENV, ServerCycleHost, write_atomic
 from arealite.launcher.supervisor import Console, ManagedProcess, stop_all
 from arealite.observe.scrape_config import write_scrape_config
@@ -352,6 +352,7 @@ def main(argv: list[str] | None = None) -> int:
         launcher = LocalLauncher(cfg, args.config, list(args.overrides))
         if launcher.mode() != "server_only":
             check_modules(cfg, args.config)  # one line now, not torchrun's traceback later
+            check_context_parallel(cfg)
         if args.dry_run:
             sys.stdout.write(dry_run(launcher))
             return 0

@@ -182,6 +182,8 @@ def server_specs(
             cmd.append("--skip-tokenizer-init")
         if sg.enable_metrics:
             cmd.append("--enable-metrics")
+        if sg.enable_return_routed_experts:
+            cmd.append("--enable-return-routed-experts")
         if lc.server_backend == "embedded":  # the run's own folder: weight updates, checkpoints
             cmd += ["--weight-load-root", str(config.run_dir())]
         cmd += lora_server_flags(config)
@@ -218,7 +220,7 @@ def _vllm_specs(config: GRPOConfig, model_path: str, ports: list[int],
     ``LaunchError`` here rather than a failure at the first request or update."""
     lc, sg = config.launcher, config.servers
     cpu = servers_on_cpu(sg.device, lc.gpus_per_server, environ)
-    problems = vllm_server.model_problems(model_path, cpu)
+    problems = vllm_server.model_problems(model_path, cpu) + vllm_server.routed_experts_problems(sg, cpu)
     if problems:
         raise LaunchError("launcher.server_backend=vllm: " + "; ".join(problems))
     secrets = run_keys(config, environ)

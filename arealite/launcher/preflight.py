@@ -77,3 +77,27 @@ def check_modules(config: BaseExperimentConfig, config_path: str | None) -> None
     finally:
         if added:
             sys.path.remove(str(cwd))
+
+
+def check_context_parallel(config: BaseExperimentConfig) -> None:
+    """Raise ``LaunchError`` when a model's ``context_parallel_size`` does not divide the
+    trainer processes, or (a local model directory) its attention heads."""
+    from arealite.api.config.actor import TrainEngineConfig
+
+    nproc = config.launcher.trainer_nproc
+    for name in type(config).model_fields:
+        section = getattr(config, name)
+        if not isinstance(section, TrainEngineConfig) or section.context_parallel_size == 1:
+            continue
+        cp = section.context_parallel_size
+        if nproc % cp:
+            raise LaunchError(f"{name}.context_parallel_size={cp} does not divide "
+                              f"launcher.trainer_nproc={nproc}")
+        cfg_file = Path(section.path) / "config.json"
+        if cfg_file.is_file():
+            import json
+
+            heads = json.loads(cfg_file.read_text()).get("num_attention_heads", 0)
+            if heads % cp:
+                raise LaunchError(f"{name}.context_parallel_size={cp} does not divide the "
+                                  f"model's {heads} attention heads ({section.path})")

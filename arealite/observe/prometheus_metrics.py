@@ -106,6 +106,10 @@ class TrainerMetrics:
                                  "Trained against generated lengths (length_bias/*): mean_ratio, "
                                  "p90_ratio, run_mean_ratio (1 = no bias), ks (0 = same "
                                  "distribution), reward_diff", ["stat"], registry=r)
+        self.consistency = Gauge(
+            "arealite_trainer_consistency",
+            "The consistency gate's last figures, worst server (consistency/*: kl_mean, kl_max, "
+            "max_logprob_gap, argmax_mismatch, servers_failed, ...)", ["figure"], registry=r)
         self._stale_keys: set[str] = set()
 
     def record_step(self, step: int, version: int, stats: dict[str, float], rollout: Any = None) -> None:
@@ -134,6 +138,8 @@ class TrainerMetrics:
         for k, v in stats.items():
             if k.startswith("length_bias/") and not k.endswith("_len"):
                 self.length_bias.labels(k.split("/", 1)[1]).set(float(v))
+            if k.startswith("consistency/"):
+                self.consistency.labels(k.split("/", 1)[1]).set(float(v))
         report = getattr(rollout, "last_weight_update", None)
         if report is not None and getattr(report, "version", None) == version:
             self.sync_seconds.observe(report.seconds)

@@ -26,7 +26,9 @@ from typing import Any
 import aiohttp
 
 from arealite.api.io_struct import ModelRequest, ModelResponse
+from arealite.api.trajectory import RoutedExpertsError, join_routed_experts
 from arealite.backends.base import ProtocolError, Segment
+from arealite.rollout.routed_experts import check_complete, join_segment
 from arealite.rollout.router import NoHealthyServer
 from arealite.utils.http import TRANSPORT_ERRORS, describe_error, error_message
 
@@ -93,10 +95,16 @@ async def _finish(engine: Any, req: ModelRequest, seg: Segment, addr: str, laten
     prompt = list(req.input_ids)
     max_new = req.gconfig.max_new_tokens
     done = len(seg.output_ids)
+    routed = _routed(engine, req, lambda: join_segment(None, seg, len(prompt),
+                                                       engine.routed_experts_width))
     if seg.finish_type != "abort" or done >= max_new:
         stop = seg.finish_type if seg.finish_type != "abort" else "length"  # cut exactly there
-        return ModelResponse(prompt, seg.output_ids, seg.logprobs, seg.versions, stop, latency,
+        resp = ModelResponse(prompt, seg.output_ids, seg.logprobs, seg.versions, stop, latency,
                              latency, addr, seg.scores)
+        if req.gconfig.return_routed_experts:
+            resp.routed_experts = _routed(engine, req, lambda: check_complete(
+                routed, len(prompt) + done, req.rid))
+        return resp
     await engine._wait_unpaused(req.rid)
     g = req.gconfig
     rest_g = g.model_copy(update={"max_new_tokens": max_new - done,
@@ -104,8 +112,23 @@ async def _finish(engine: Any, req: ModelRequest, seg: Segment, addr: str, laten
     rest = await engine.agenerate(ModelRequest(rid=req.rid, input_ids=prompt + seg.output_ids,
                                                gconfig=rest_g, metadata=req.metadata))
     total = time.monotonic() - t0
-    return ModelResponse(
+    resp = ModelResponse(
         prompt, seg.output_ids + rest.output_tokens, seg.logprobs + rest.output_logprobs,
         seg.versions + rest.output_versions, rest.stop_reason, total,
         latency if done else total - rest.latency + rest.ttft, rest.server, rest.scores,
     )
+    if rest.routed_experts is not None:  # the batch item's rows stay, the rest's add to them
+        resp.routed_experts = _routed(engine, req, lambda: join_routed_experts(
+            routed, rest.routed_experts))
+    return resp
+
+
+def _routed(engine: Any, req: ModelRequest, build: Any) -> Any:
+    """``build()``, a routed-experts mismatch failing the request (and so its episode) with
+    the request's id in the message."""
+    if not req.gconfig.return_routed_experts:
+        return None
+    try:
+        return build()
+    except RoutedExpertsError as e:
+        raise RoutedExpertsError(f"request {req.rid}: {e}") from e

@@ -52,12 +52,14 @@ from arealite.api.io_struct import (
     WeightUpdateError,
     WeightUpdateMeta,
 )
+from arealite.api.trajectory import RoutedExpertsError
 from arealite.backends.base import GenerateProtocol, ProtocolError
 from arealite.backends.sglang import SGLANG
 from arealite.observe.rollout_observer import RolloutObserver
 from arealite.rollout.group_generate import generate_group
 from arealite.rollout.health import ready_for_readmission, wait_healthy
 from arealite.rollout.rollout_control import RolloutControl
+from arealite.rollout.routed_experts import check_complete, join_segment
 from arealite.rollout.router import NoHealthyServer, ServerRouter
 from arealite.utils.http import (
     RETRYABLE_STATUS,
@@ -117,6 +119,9 @@ class RemoteInferenceEngine(RolloutControl):
         self._last_disk: WeightUpdateMeta | None = None
         self._health_task: Any = None
         self._segment_ids = itertools.count(1)  # next() is atomic: shared by threads
+        # routed-expert ids per token the trainer expects (its MoE layers x top_k), checked on
+        # every answer when set (routing replay); None takes what the servers send
+        self.routed_experts_width: int | None = None
         self.observer: RolloutObserver | None = None  # told of requests and pushes (set_observer)
         self.verifier = WeightVerifier(self.weight_sync, config.weight_update_timeout,
                                        self._admin_headers)
@@ -206,6 +211,7 @@ class RemoteInferenceEngine(RolloutControl):
                                           lora and lora[0])
         body = proto.add_image_data(body, images) if images else body
         tokens: list[int] | None = None  # then the first segment's lists, no copies
+        routed = None  # with g.return_routed_experts: rows joined over the segments
         logprobs: list[float] | None = None
         versions: list[int] | None = None
         ttft = None
@@ -265,6 +271,12 @@ class RemoteInferenceEngine(RolloutControl):
                     + "; ".join(f"{a}: {r}" for a, r in errors),
                     errors=list(errors),
                 )
+            if g.return_routed_experts:
+                try:
+                    routed = join_segment(routed, seg, len(prompt) + len(tokens or ()),
+                                          self.routed_experts_width)
+                except RoutedExpertsError as e:
+                    raise GenerationError(f"request {rid} on {addr}: {e}") from e
             if not tokens:
                 tokens, logprobs, versions = seg.output_ids, seg.logprobs, seg.versions
             else:
@@ -293,11 +305,19 @@ class RemoteInferenceEngine(RolloutControl):
             body = proto.encode_generate_body(prompt + tokens, g, max_new - done,
                                               self._segment_rid(rid), done, None, lora and lora[0])
             body = proto.add_image_data(body, images) if images else body
+            if routed is not None:  # only the rows past those held
+                body = proto.add_routed_experts_start(body, len(routed))
         latency = time.monotonic() - t0
-        return ModelResponse(
+        resp = ModelResponse(
             prompt, tokens, logprobs, versions, stop_reason, latency,
             latency if ttft is None else ttft, addr, seg.scores,
         )
+        if g.return_routed_experts:
+            try:
+                resp.routed_experts = check_complete(routed, len(prompt) + len(tokens), rid)
+            except RoutedExpertsError as e:
+                raise GenerationError(str(e)) from e
+        return resp
 
     async def _observed(self, obs: RolloutObserver, req: ModelRequest) -> ModelResponse:
         """``agenerate`` with ``obs`` told of the request's start, each attempt and its end."""

@@ -11,7 +11,8 @@ still on its device).
 
 Each transition is logged with its time and the memory it freed: host memory (``MemAvailable``,
 the whole host: the servers are on it) and, on accelerators, this device's free memory. The
-figures go to the step's stats as ``colocate/<transition>_seconds`` and ``_freed_mib``. On a
+figures go to the step's stats as ``colocate/<transition>_seconds`` and ``_freed_mib`` (on CUDA
+also ``_device_freed_mib`` and ``_device_used_before_mib``, the device's alone). On a
 CPU host the trainer's offloads free nothing (its model is host memory already: see
 ``arealite/engine/offload.py``); the servers' release does (weights spilled, KV cache freed).
 
@@ -77,6 +78,10 @@ class ColocatedPhases:
                     f", {self.device} {dev:+.1f} MiB" if self.device.type != "cpu" else "")
         with stats_tracker.scope("colocate"):
             stats_tracker.scalar(**{f"{name}_seconds": secs, f"{name}_freed_mib": host + dev})
+            if self.device.type == "cuda":  # the device alone, and how much was in use before
+                total = torch.cuda.mem_get_info(self.device)[1]
+                stats_tracker.scalar(**{f"{name}_device_freed_mib": dev,
+                                        f"{name}_device_used_before_mib": (total - dev0) / 2**20})
 
     def _servers(self, path: str, body: dict, engine=None) -> None:
         """``path`` on every healthy server of ``engine``'s pool (the rollout's by default)."""

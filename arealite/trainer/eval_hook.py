@@ -113,6 +113,21 @@ def run_evaluation(
 def _evaluate(engine: InferenceEngine, workflow: RolloutWorkflow, rows: list[dict[str, Any]],
               config: EvaluatorConfig, eval_fn: EvalFn | None, context: dict[str, Any] | None,
               ) -> dict[str, float]:
+    out = _evaluate_rows(engine, workflow, rows, config, eval_fn, context)
+    if config.lm_eval.tasks:  # lm-eval's tasks against the same servers, logged alongside
+        from arealite.trainer.lm_eval_tasks import run_lm_eval
+
+        tok = (context or {}).get("tokenizer")
+        path = getattr(tok, "name_or_path", None)
+        if not path:
+            raise RuntimeError("lm-eval tasks need the run's tokenizer path")
+        out.update(run_lm_eval(config.lm_eval, list(getattr(engine, "addresses", [])), path)[0])
+    return out
+
+
+def _evaluate_rows(engine: InferenceEngine, workflow: RolloutWorkflow, rows: list[dict[str, Any]],
+                   config: EvaluatorConfig, eval_fn: EvalFn | None,
+                   context: dict[str, Any] | None) -> dict[str, float]:
     rows = rows[: config.max_prompts] if config.max_prompts else rows
     if eval_fn is None:
         return evaluate(engine, workflow, rows, config)

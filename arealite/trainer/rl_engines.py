@@ -28,6 +28,7 @@ from arealite.dataset.loader import create_dataloader, load_rows
 from arealite.engine.ppo.actor import FSDPPPOActor
 from arealite.engine.ppo.critic import FSDPPPOCritic
 from arealite.engine.vision_processor import vision_processor
+from arealite.observe import stats_tracker
 from arealite.observe.timing import timer
 from arealite.rollout.data_cycle import DataCycle
 from arealite.rollout.dynamic_sampling import GroupRewardFilter, rollout_full_batch
@@ -35,7 +36,9 @@ from arealite.rollout.remote_engine import RemoteInferenceEngine
 from arealite.rollout.reward_model_client import RemoteRewardModelEngine
 from arealite.trainer.colocate import ColocatedPhases
 from arealite.trainer.common import load_tokenizer
+from arealite.trainer.consistency_probes import build_gate
 from arealite.trainer.eval_hook import EvalFn, load_eval_fn, run_evaluation
+from arealite.weights.consistency_gate import ConsistencyGate
 from arealite.weights.push import WeightPushPlan, push_weights
 
 
@@ -65,6 +68,8 @@ class RLEngines:
     pushes: WeightPushPlan
     keep: GroupRewardFilter | None  # DAPO dynamic sampling: equal-reward groups dropped
     colocated: ColocatedPhases | None  # launcher.colocate: servers and trainer take turns
+    # weight_update.consistency: the servers' next-token distributions against the actor's
+    gate: ConsistencyGate | None = None
 
     @property
     def total_steps(self) -> int:
@@ -120,6 +125,8 @@ def build_rl_engines(config: GRPOConfig, rank: int, world: int) -> RLEngines:
     eval_rollout.adapters = rollout.adapters  # a LoRA run evaluates its current adapter
     actor = FSDPPPOActor(config.actor, config.device, config.dist_backend, config.seed, rollout.clock)
     actor.initialize(None, ft)
+    if actor.routing is not None:  # every answer must carry this many expert ids per token
+        rollout.routed_experts_width = actor.routing.width
     ref = None
     if config.ref is not None:
         ref = FSDPPPOActor(config.ref, config.device, config.dist_backend, config.seed)
@@ -134,7 +141,8 @@ def build_rl_engines(config: GRPOConfig, rank: int, world: int) -> RLEngines:
     extra = {"processor": processor} if processor is not None else {}
     rm_kw = {"reward_model": rm} if rm is not None else {}
     workflow = build_workflow(config.workflow, config.gconfig, tokenizer, **extra, **rm_kw)
-    eval_gconfig = config.eval_gconfig or config.gconfig.new(n_samples=1, greedy=True, temperature=0.0)
+    eval_gconfig = config.eval_gconfig or config.gconfig.new(
+        n_samples=1, greedy=True, temperature=0.0, return_routed_experts=False)
     # evaluation keeps the rule reward alone: held-out accuracy stays the verifiable one
     eval_workflow = build_workflow(config.workflow, eval_gconfig, tokenizer, **extra)
     eval_fn = load_eval_fn(config.evaluator.eval_fn)
@@ -143,7 +151,9 @@ def build_rl_engines(config: GRPOConfig, rank: int, world: int) -> RLEngines:
         rollout, eval_rollout, actor, ref, critic, rm, workflow, eval_workflow, eval_fn,
         _weight_pushes(config, protocol, rank),
         keep=GroupRewardFilter() if config.actor.dynamic_sampling else None,
-        colocated=_colocated_phases(config, rollout, actor, ref, rm, rank))
+        colocated=_colocated_phases(config, rollout, actor, ref, rm, rank),
+        gate=build_gate(config, workflow, valid_rows or train_rows, rank,
+                        rollout.keys.api_headers, vision=processor is not None))
 
 
 def _weight_pushes(config: GRPOConfig, protocol: GenerateProtocol, rank: int) -> WeightPushPlan:
@@ -208,16 +218,32 @@ def ppo_update(e: RLEngines, batch: dict[str, Any]) -> dict[str, float]:
 
 
 def sync_weights(e: RLEngines, version: int) -> None:
-    """Pause the rollout, push the new weights as ``version``, resume."""
+    """Pause the rollout, push the new weights as ``version``, resume; then the consistency
+    gate when it is due (its own phase, ``timeperf/consistency_gate``)."""
     with timer("weight_sync"):
         if e.colocated is not None:  # the servers get their memory back first
             e.colocated.resume()
         e.rollout.pause()
         push_to_servers(e, version)
         e.rollout.resume()
+    if e.gate is not None and e.gate.due_after_push():  # timed apart from the push
+        check_consistency(e, version)
 
 
 def push_to_servers(e: RLEngines, version: int) -> None:
     """The servers to the actor's weights as ``version`` (every rank; collective)."""
     push_weights(e.actor, e.rollout, e.pushes.meta(version, e.actor), e.rank,
                  e.pushes.wu.timeout, e.pushes.wu.retries)
+
+
+def check_consistency(e: RLEngines, version: int) -> None:
+    """The gate over the healthy servers (collective); its figures (the worst server's) go to
+    the step's stats as ``consistency/*`` (the largest of the checks since the last step)."""
+    assert e.gate is not None
+    addrs = e.rollout.pool.healthy_addrs() if e.rank == 0 and e.rollout.pool is not None else []
+    with timer("consistency_gate"):
+        res = e.gate.check(e.actor, addrs, version)
+    worst = res.worst()
+    if worst:
+        with stats_tracker.scope("consistency"):
+            stats_tracker.scalar(stats_tracker.ReduceType.MAX, **worst)

@@ -29,7 +29,7 @@ from arealite.observe.sample_log import SampleIdLog
 from arealite.observe.stats_logger import StatsLogger
 from arealite.observe.timing import FreqController
 from arealite.trainer.eval_hook import TrainClock
-from arealite.trainer.rl_engines import RLEngines, push_to_servers
+from arealite.trainer.rl_engines import RLEngines, check_consistency, push_to_servers
 from arealite.utils import recover as rec
 from arealite.utils.distributed import rank0_decides
 
@@ -121,6 +121,8 @@ def recover_or_start(config: GRPOConfig, e: RLEngines) -> RLRun:
     e.start()
     if info is not None:  # servers may hold other weights after a crash
         push_to_servers(e, version)
+    if e.gate is not None:  # step 0 (or the restart): what the servers sample from now
+        check_consistency(e, version)
     kept = start_step if info else None  # the last logged step kept from the earlier run
     logger = StatsLogger(config.stats_logger, config.run_dir("logs"), total_steps=e.total_steps,
                          start_step=kept)

@@ -17,6 +17,7 @@ import torch
 
 from arealite.api.config.experiment import SFTConfig
 from arealite.api.io_struct import SaveLoadMeta
+from arealite.engine.functional import greedy_tokens
 from arealite.engine.sft.lm_engine import FSDPLMEngine, build_sft_batch
 from arealite.engine.sft.vision_batch import build_vision_sft_batch
 from arealite.engine.vision_processor import vision_processor
@@ -42,7 +43,8 @@ def to_batch(config: SFTConfig, tokenizer: Any, rows: list[dict]) -> dict[str, t
 def evaluate(engine: FSDPLMEngine, config: SFTConfig, tokenizer: Any, rows: list[dict]) -> dict:
     """Held-out loss and exact-match accuracy, over all ranks (every rank sees every row)."""
     data = to_batch(config, tokenizer, rows)
-    match = engine.forward(data, post_hook=lambda logits, mb: (logits.argmax(-1) == mb["labels"]).float())
+    match = engine.forward(
+        data, post_hook=lambda logits, mb: (greedy_tokens(logits) == mb["labels"]).float())
     mask = data["loss_mask"]
     exact = ((match > 0.5) | ~mask).all(dim=1).float().mean().item()
     return {"valid/loss": engine.evaluate_lm(data), "valid/accuracy": exact}

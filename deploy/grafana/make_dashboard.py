@@ -60,6 +60,12 @@ PANELS: list[tuple[str, str, bool, list[tuple[str, str]]]] = [
     ("Length bias: trained / generated (1 = none); KS distance (0 = none)", "short", False, [
         ("{{stat}}", "avg by (stat) (arealite_trainer_length_bias{stat=~\"mean_ratio|p90_ratio|run_mean_ratio|ks\"})"),
     ]),
+    ("Server-trainer consistency gate (worst server; thresholds: weight_update.consistency)", "short", False, [
+        ("KL(server||trainer) top-k+tail, mean", "max(arealite_trainer_consistency{figure=\"kl_mean\"})"),
+        ("argmax differs (share)", "max(arealite_trainer_consistency{figure=\"argmax_mismatch\"})"),
+        ("max |dlogp| top-k", "max(arealite_trainer_consistency{figure=\"max_logprob_gap\"})"),
+        ("servers failed", "max(arealite_trainer_consistency{figure=\"servers_failed\"})"),
+    ]),
     ("Staleness: mean and max; weight version", "short", False, [
         ("mean", "avg(arealite_trainer_staleness_avg)"),
         ("max", "max(arealite_trainer_staleness_max)"),

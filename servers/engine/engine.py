@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from servers.engine.grammar import advance_all, apply_constraints
 from servers.engine.model_runner import ModelRunner
 from servers.engine.sampling import BatchSampling, apply_penalties, sample
 from servers.engine.sequence import Sequence, weight_version_spans
@@ -83,6 +84,10 @@ class Engine:
         self._recent: deque[tuple[float, int]] = deque(maxlen=256)  # (time, tokens) per step
         self.ttft_hist = LatencyHistogram(TTFT_BUCKETS)  # /metrics; one observe per request
         self.e2e_hist = LatencyHistogram(E2E_BUCKETS)
+        # the grammar work of the last step (matchers fed, next masks built) runs here while the
+        # next forward does; the next sampling waits for it
+        self._grammar_pool = cf.ThreadPoolExecutor(1, thread_name_prefix="grammar")
+        self._grammar_job: cf.Future | None = None
         self._batch_key: tuple = ()
         self._batch: BatchSampling | None = None
         self.last_step_time = time.time()
@@ -103,6 +108,7 @@ class Engine:
         self._stop = True
         self._cmds.put(lambda: None)
         self._thread.join(timeout=10)
+        self._grammar_pool.shutdown(wait=False)
 
     def call(self, fn: Callable[[], Any]) -> cf.Future:
         """Run ``fn()`` in the engine thread between steps; returns a future of its result."""
@@ -135,6 +141,13 @@ class Engine:
 
     def load(self) -> dict[str, int]:
         return {"num_running_reqs": len(self.running), "num_queue_reqs": len(self.waiting)}
+
+    def num_tokens(self) -> int:
+        """Tokens this server holds or will prefill: KV of running rows plus the waiting
+        sequences' prompt + output (SGLang's ``num_tokens`` load: used KV + pending prefill).
+        Read from the HTTP thread: snapshots of the lists, a momentary figure."""
+        return (sum(s.kv_len for s in list(self.running))
+                + sum(s.total_len() for s in list(self.waiting)))
 
     def gen_throughput(self) -> float:
         recent = list(self._recent)
@@ -306,7 +319,10 @@ class Engine:
             starts = torch.tensor([s.kv_len for s in old], device=runner.device)
             hidden.append(runner.forward(0, tokens, starts, _vision_rows(old),
                                          [s.lora for s in old])[:, 0])
-            for s in old:
+            routed = runner.routed.take(len(old), 1) if runner.routed is not None else None
+            for i, s in enumerate(old):
+                if s.routing is not None:
+                    s.routing.write(s.kv_len, routed[i])
                 s.kv_len += 1
         if new:
             hidden.append(self._prefill(len(old), new))
@@ -320,6 +336,7 @@ class Engine:
         for s in done:
             self._finish(s, {"type": "length", "length": 0})
         tokens, logps, tops = self._sample(active, logits)
+        self._grammar_step(active, tokens, done)
         now = time.time()
         produced = 0
         for i, s in enumerate(active):
@@ -346,13 +363,33 @@ class Engine:
         self.last_step_time = now
         self._remove_rows(done)
 
+    def _grammar_step(self, seqs: list[Sequence], tokens: list[int], done: list[Sequence]) -> None:
+        """Constrained rows' sampled tokens: a stop token ends the grammar here; the others go
+        to the worker (fed to the matcher, next mask built) while the next forward runs. A row
+        whose previous token the matcher refused ends with an error."""
+        jobs = []
+        for s, tok in zip(seqs, tokens):
+            g = s.grammar
+            if g is None or g.ended or s.finished:
+                continue
+            if g.rejected:  # only when every allowed token was banned (min_new_tokens)
+                self._finish(s, _internal_error("the grammar rejected a sampled token"))
+                done.append(s)
+            elif g.sampled(tok):
+                jobs.append((g, tok))
+        if jobs:
+            self._grammar_job = self._grammar_pool.submit(advance_all, jobs)
+
     def _prefill(self, r0: int, new: list[Sequence]) -> torch.Tensor:
         """One padded forward over the new rows' distinct feeds (``shared_prefill``); returns
         the hidden state of each row's last token."""
         runner = self.runner
         feeds = [s.feed_tokens() for s in new]
         hid, pick = prefill_distinct(runner, r0, new, feeds)
+        routed = runner.routed.take(*hid.shape[:2]) if runner.routed is not None else None
         for b, s in enumerate(new):
+            if s.routing is not None:  # a prefill feeds from position 0 (kv_len is 0)
+                s.routing.write(s.kv_len, routed[pick[b], : len(feeds[b])])
             s.kv_len = len(feeds[b])
             if s.return_logprob and s.input_logprobs is None and not s.output_ids:
                 self._input_logprobs(s, hid[pick[b]])
@@ -422,6 +459,13 @@ class Engine:
                 banned = set(p.stop_token_ids) | self.runner.eos_token_ids
                 if banned:
                     logits[i, torch.tensor(sorted(banned), device=logits.device)] = float("-inf")
+        # Grammar masks last, on the penalised and biased logits (SGLang: apply_logits_bias), so
+        # the reported logprob of a constrained token is in the grammar-restricted distribution.
+        if self._grammar_job is not None:
+            self._grammar_job.result()  # the last step's matchers are fed and masks built
+            self._grammar_job = None
+        constrained = [i for i, s in enumerate(seqs)
+                       if s.grammar is not None and not s.grammar.ended and not s.grammar.rejected]
         if pen_rows:
             apply_penalties(
                 logits, pen_rows, [(seqs[i].prompt, seqs[i].output_ids) for i in pen_rows],
@@ -429,6 +473,8 @@ class Engine:
                 [seqs[i].params.presence_penalty for i in pen_rows],
                 [seqs[i].params.repetition_penalty for i in pen_rows],
             )
+        if constrained:
+            apply_constraints(logits, constrained, [seqs[i].grammar for i in constrained])
 
     def _check_stop(self, s: Sequence, tok: int) -> dict[str, Any] | None:
         p = s.params
@@ -447,6 +493,8 @@ class Engine:
                     return {"type": "stop", "matched": m.group(0)}
         if len(s.output_ids) >= s.max_new_tokens:
             return {"type": "length", "length": len(s.output_ids)}
+        if s.grammar is not None and s.grammar.ended:  # SGLang: FINISH_MATCHED_TOKEN
+            return {"type": "stop", "matched": tok}
         return None
 
     def _tail_text(self, s: Sequence) -> str:

@@ -145,6 +145,15 @@ class ModelRunner:
         self._cache_kw = cache_kwarg(self.decoder.forward)
         self._layer_cache_kw = cache_kwarg(self.decoder.layers[0].forward) if self._lean else ""
         self.lora: LoRAManager | None = None  # set by the launcher under --enable-lora
+        # servers.engine.routed_experts.RoutedExpertsCapture under --enable-return-routed-experts
+        self.routed = None
+        self.num_hidden_layers = int(text_cfg.num_hidden_layers)
+
+    def enable_routed_experts(self) -> None:
+        """Record each forward's expert choices (raises ValueError on a model without experts)."""
+        from servers.engine.routed_experts import RoutedExpertsCapture
+
+        self.routed = RoutedExpertsCapture(self.decoder, self.num_hidden_layers)
 
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()

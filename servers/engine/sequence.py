@@ -71,6 +71,9 @@ class Sequence:
     ever_ran: bool = False  # had a row at least once (for "Abort in waiting queue")
     vision: Any = None  # servers.engine.vision.VisionPrompt of a prompt with images
     lora: Any = None  # the LoRAAdapter it runs on (held, so an unload lets it finish)
+    # servers.engine.routed_experts.SequenceRouting when the request set return_routed_experts
+    routing: Any = None
+    grammar: Any = None  # servers.engine.grammar.Constraint of a structured-output request
 
     # engine bookkeeping
     kv_len: int = 0  # tokens of prompt + output held in this sequence's KV row

@@ -180,7 +180,7 @@ def check_generate_body(body: Any) -> None:
         elif key in ("input_ids", "token_ids_logprob"):
             _check_token_ids_or_list(x)
         elif key in ("stream", "return_text_in_logprobs", "require_reasoning",
-                     "return_prompt_token_ids"):
+                     "return_prompt_token_ids", "return_routed_experts"):
             _bool(x)
         elif key == "sampling_params":
             if isinstance(x, list):

@@ -2,7 +2,9 @@
 sampling parameters, with SGLang's field mapping and a ``ValueError`` (a 400) for anything bad.
 
 Field mapping as SGLang's ``ChatCompletionRequest.to_sampling_params``: ``max_completion_tokens``
-wins over ``max_tokens`` (absent: up to the context), ``seed`` is ``sampling_seed``,
+wins over ``max_tokens`` (absent: up to the context on chat, 16 on completions, SGLang's and
+OpenAI's ``CompletionRequest`` default), ``seed`` is ``sampling_seed`` (choice ``j`` of ``n``
+samples with ``choice_seed(seed, j)``, so the choices differ and a rerun repeats them),
 ``min_tokens`` is ``min_new_tokens``; SGLang's extras (``top_k``, ``min_p``,
 ``repetition_penalty``, ``stop_token_ids``, ``ignore_eos``, ``skip_special_tokens``,
 ``no_stop_trim``) pass through. Chat messages go through the tokenizer's chat template with
@@ -18,12 +20,13 @@ from typing import Any
 
 from servers.protocol.request import SamplingParams
 
+COMPLETION_MAX_TOKENS = 16  # OpenAI's and SGLang's CompletionRequest.max_tokens default
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_TOP_LOGPROBS_CHAT = 20
 MAX_LOGPROBS_COMPLETION = 5
 _PASS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
          "repetition_penalty", "stop", "stop_token_ids", "n", "ignore_eos", "skip_special_tokens",
-         "no_stop_trim", "logit_bias")
+         "no_stop_trim", "logit_bias", "regex", "ebnf", "json_schema")
 
 
 @dataclass
@@ -40,6 +43,8 @@ class OpenAIRequest:
     tools: list[dict[str, Any]] | None = None
     prompt_texts: list[str] = field(default_factory=list)
     lora_path: Any = None  # SGLang's extra field: an adapter name, or one per prompt
+    # tool_choice "required" or a named function: the tools one call must be made to
+    forced_tools: list[dict[str, Any]] | None = None
 
 
 def _int_field(body: dict, name: str, lo: int, hi: int | None = None) -> int | None:
@@ -53,7 +58,21 @@ def _int_field(body: dict, name: str, lo: int, hi: int | None = None) -> int | N
     return v
 
 
-def _common(body: dict[str, Any], vocab_size: int) -> tuple[dict[str, Any], int, bool, bool]:
+def choice_seed(seed: int, j: int) -> int:
+    """The sampling seed of choice ``j`` of a seeded ``n > 1`` request: choice 0 keeps ``seed``
+    (so ``n=1`` repeats it), the others a splitmix64 mix of (seed, j) in the signed 64-bit
+    range. OpenAI's ``seed`` gives ``n`` different samples; one seed for all would repeat one."""
+    if j == 0:
+        return seed
+    z = (seed + j * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    z ^= z >> 31
+    return z - (1 << 64) if z >= 1 << 63 else z
+
+
+def _common(body: dict[str, Any], vocab_size: int,
+            default_max_tokens: int | None = None) -> tuple[dict[str, Any], int, bool, bool]:
     if not isinstance(body, dict):
         raise ValueError("the request body must be a JSON object")
     model = body.get("model")
@@ -63,10 +82,14 @@ def _common(body: dict[str, Any], vocab_size: int) -> tuple[dict[str, Any], int,
     mnt = _int_field(body, "max_completion_tokens", 1)
     if mnt is None:
         mnt = _int_field(body, "max_tokens", 1)
-    params["max_new_tokens"] = mnt  # None: up to the context, as SGLang's default
+    # None: up to the context (chat), as SGLang's default
+    params["max_new_tokens"] = mnt if mnt is not None else default_max_tokens
     min_tokens = _int_field(body, "min_tokens", 0)
     if min_tokens is not None:
         params["min_new_tokens"] = min_tokens
+    schema = response_format_schema(body.get("response_format"))
+    if schema is not None:
+        params["json_schema"] = schema
     seed = body.get("seed")
     if seed is not None:
         if isinstance(seed, bool) or not isinstance(seed, int):
@@ -85,6 +108,40 @@ def _common(body: dict[str, Any], vocab_size: int) -> tuple[dict[str, Any], int,
     if opts and not stream:
         raise ValueError("stream_options is only allowed when stream is true")
     return params, sp.n, stream, bool(opts.get("include_usage"))
+
+
+def response_format_schema(rf: Any) -> str | None:
+    """SGLang's mapping of ``response_format`` to its ``json_schema`` sampling parameter:
+    ``json_object`` is ``{"type": "object"}``, ``json_schema`` its schema, ``text`` nothing."""
+    if rf is None:
+        return None
+    if not isinstance(rf, dict) or rf.get("type") not in ("text", "json_object", "json_schema"):
+        raise ValueError("response_format.type must be 'text', 'json_object' or 'json_schema'")
+    if rf["type"] == "json_object":
+        return '{"type": "object"}'
+    if rf["type"] == "json_schema":
+        spec = rf.get("json_schema")
+        schema = spec.get("schema", spec.get("schema_")) if isinstance(spec, dict) else None
+        if schema is None:
+            raise ValueError("schema_ is required for json_schema response format request.")
+        return schema if isinstance(schema, str) else json.dumps(schema)
+    return None
+
+
+def forced_tools(choice: Any, tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """The tools a ``tool_choice`` of ``"required"`` or ``{"type": "function", "function":
+    {"name": ...}}`` forces one call to (None for ``auto``/``none``/absent)."""
+    if choice in (None, "none", "auto"):
+        return None
+    if not tools:
+        raise ValueError("tool_choice 'required' or a named function needs tools")
+    if choice == "required":
+        return tools
+    name = (choice.get("function") or {}).get("name") if isinstance(choice, dict) else None
+    named = [t for t in tools if t["function"]["name"] == name]
+    if not named:
+        raise ValueError(f"tool_choice names function {name!r}, which is not in tools")
+    return named
 
 
 def _text_of(content: Any, where: str) -> str | None:
@@ -114,6 +171,8 @@ def normalize_messages(messages: Any) -> list[dict[str, Any]]:
         if role not in ROLES:
             raise ValueError(f"{where}: 'role' must be one of {list(ROLES)}, got {role!r}")
         msg: dict[str, Any] = {"role": role, "content": _text_of(m.get("content"), where)}
+        if role == "assistant" and msg["content"] is None:
+            msg["content"] = ""  # SGLang hands the template "" (templates concatenate it)
         if role == "tool":
             msg["tool_call_id"] = m.get("tool_call_id")
             if msg["content"] is None:
@@ -122,7 +181,7 @@ def normalize_messages(messages: Any) -> list[dict[str, Any]]:
         if role == "assistant" and calls:
             msg["tool_calls"] = [_parse_call(c, f"{where}.tool_calls[{j}]")
                                  for j, c in enumerate(calls)]
-        elif msg["content"] is None and role != "assistant":
+        elif msg["content"] is None:
             raise ValueError(f"{where}: content is required for role {role!r}")
         out.append(msg)
     return out
@@ -177,6 +236,13 @@ def parse_chat(body: dict[str, Any], tokenizer: Any, vocab_size: int) -> OpenAIR
         raise ValueError(f"tool_choice must be 'none', 'auto', 'required' or an object, got {choice!r}")
     if choice == "none":
         tools = None
+    forced = forced_tools(choice, tools)
+    if forced is not None:
+        if any(params.get(k) for k in ("json_schema", "regex", "ebnf")):
+            raise ValueError("tool_choice 'required' or a named tool cannot be combined with "
+                             "response_format, regex, or ebnf: the tool-call constraint and the "
+                             "output constraint cannot both be honored.")
+        tools = forced  # SGLang renders only the named tool
     logprobs = body.get("logprobs") or False
     if not isinstance(logprobs, bool):
         raise ValueError("logprobs must be a boolean")
@@ -186,11 +252,12 @@ def parse_chat(body: dict[str, Any], tokenizer: Any, vocab_size: int) -> OpenAIR
     ids = render_chat(tokenizer, messages, tools)
     return OpenAIRequest(model=body.get("model") or "", prompts=[ids], params=params, n=n,
                          stream=stream, include_usage=usage, logprobs=logprobs,
-                         top_logprobs=top, tools=tools, lora_path=body.get("lora_path"))
+                         top_logprobs=top, tools=tools, lora_path=body.get("lora_path"),
+                         forced_tools=forced)
 
 
 def parse_completion(body: dict[str, Any], tokenizer: Any, vocab_size: int) -> OpenAIRequest:
-    params, n, stream, usage = _common(body, vocab_size)
+    params, n, stream, usage = _common(body, vocab_size, COMPLETION_MAX_TOKENS)
     if body.get("suffix") is not None:
         raise ValueError("suffix is not supported")
     prompt = body.get("prompt")

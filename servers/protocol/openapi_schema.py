@@ -32,6 +32,8 @@ class GenerateReqInput(BaseModel):
     return_text_in_logprobs: bool = False
     stream: bool = False
     return_prompt_token_ids: bool = False
+    return_routed_experts: bool = False
+    routed_experts_start_len: int = 0
 
 
 def sampling_params_model(vocab_size: int | None) -> type[BaseModel]:

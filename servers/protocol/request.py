@@ -9,6 +9,7 @@ reach the client as ``400 {"error": {"message": ...}}``).
 from __future__ import annotations
 
 import functools
+import json
 import math
 import uuid
 from collections import Counter
@@ -20,7 +21,18 @@ import re2
 TOP_K_ALL = 1 << 30
 MAX_STOP = 32
 MAX_SEQUENCES = 4096  # batch x n per call: bounds the work one request can queue
-_UNSUPPORTED = ("json_schema", "regex", "ebnf", "structural_tag")
+_UNSUPPORTED = ("structural_tag",)
+GRAMMAR_KINDS = ("json_schema", "regex", "ebnf")
+ANY_JSON = "$$ANY$$"  # SGLang's json_schema key for its built-in any-JSON grammar
+
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    """What a request constrains its output to (``servers.engine.grammar`` enforces it):
+    ``kind`` one of ``GRAMMAR_KINDS`` or ``"tool_call"`` (``value``: the tools as JSON)."""
+
+    kind: str
+    value: str
 
 
 @dataclass
@@ -50,6 +62,7 @@ class SamplingParams:
     # max_new_tokens as the request gave it (None when absent or null): SGLang checks only a
     # given value against the context window, the default 128 is clipped silently
     requested_max_new_tokens: int | None = None
+    grammar: GrammarSpec | None = None  # json_schema / regex / ebnf (one at most, as SGLang)
 
     @property
     def greedy(self) -> bool:
@@ -95,6 +108,16 @@ class SamplingParams:
                         if _int_like(k, vocab_size)}
         if 0 <= p.temperature < 1e-6:  # SGLang: greedy = temperature 1 and top_k 1
             p.temperature, p.top_k = 1.0, 1
+        kinds = [k for k in GRAMMAR_KINDS if d.get(k)]
+        if len(kinds) > 1:
+            raise ValueError("Only one of json_schema, regex, ebnf, or structural_tag can be set.")
+        if kinds:
+            value = d[kinds[0]]
+            if kinds[0] == "json_schema" and isinstance(value, dict):
+                value = json.dumps(value)
+            if not isinstance(value, str):
+                raise ValueError(f"{kinds[0]} must be a string, got {type(value).__name__}.")
+            p.grammar = GrammarSpec(kinds[0], value)
         p.verify(vocab_size, d.get("logit_bias") or {})
         return p
 

@@ -11,6 +11,7 @@ import math
 import time
 from typing import Any
 
+from servers.engine.routed_experts import encode_routed_experts
 from servers.engine.sequence import Sequence
 
 
@@ -101,6 +102,12 @@ def build_output(
         meta["weight_version"] = spans[-1]["version"]
         end = seq.finished_time or time.time()
         meta["e2e_latency"] = end - seq.created
+        # SGLang collects them once the request finished; one aborted before its first forward
+        # has none to report (the client's next segment asks for them again)
+        if seq.routing is not None and seq.ever_ran:
+            rows = seq.routing.rows(len(seq.prompt) + n_out - 1)
+            meta["routed_experts"] = encode_routed_experts(rows)
+            meta["routed_experts_start_len"] = seq.routing.start_len
     meta["response_sent_to_client_ts"] = time.time()
     out: dict[str, Any] = {}
     if not skip_tokenizer_init:

@@ -17,7 +17,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from servers.engine.grammar import attach_constraints
 from servers.engine.lora import request_adapters
+from servers.engine.routed_experts import SequenceRouting
 from servers.engine.sequence import Sequence
 from servers.engine.vision import attach_images
 from servers.protocol.contract import ContractError, check_generate_body
@@ -86,6 +88,24 @@ def _fit_context(ids: list[int], params, ctx: int, auto_truncate: bool) -> list[
     return ids
 
 
+def request_routing(runner, raw: dict, prompts: list[list[int]]) -> list:
+    """A ``SequenceRouting`` per item when the body set ``return_routed_experts`` (SGLang's
+    request fields), else Nones; ValueError when the server cannot or the start is out of range."""
+    if not raw.get("return_routed_experts"):
+        return [None] * len(prompts)
+    if runner.routed is None:
+        raise ValueError("return_routed_experts needs a server launched with "
+                         "--enable-return-routed-experts (and a mixture-of-experts model)")
+    start = raw.get("routed_experts_start_len") or 0
+    out = []
+    for ids in prompts:
+        if not 0 <= start <= len(ids):
+            raise ValueError(f"routed_experts_start_len must be in [0, {len(ids)}] "
+                             f"(the prompt's tokens), got {start}")
+        out.append(SequenceRouting(runner.num_hidden_layers, runner.routed.top_k, start))
+    return out
+
+
 def _sequences(norm: NormalizedGenerate, prompts: list[list[int]]) -> list[Sequence]:
     return [
         Sequence(
@@ -95,6 +115,15 @@ def _sequences(norm: NormalizedGenerate, prompts: list[list[int]]) -> list[Seque
         )
         for item, ids in zip(norm.items, prompts)
     ]
+
+
+async def attach_grammars(state: ServerState, seqs: list[Sequence]) -> None:
+    """Compile the sequences' grammars (structured outputs) off the event loop; a grammar that
+    does not compile is a ``ValueError`` (a 400)."""
+    if any(s.params.grammar is not None for s in seqs):
+        r = state.runner
+        await asyncio.to_thread(attach_constraints, state, r.tokenizer, r.vocab_size,
+                                r.eos_token_ids, seqs)
 
 
 def _attach(seqs: list[Sequence], q: asyncio.Queue) -> None:
@@ -158,14 +187,22 @@ async def generate(obj: GenerateReqInput, request: Request) -> Response:
         visions = attach_images(state.runner.vision, raw, norm.items, prompts,
                                 state.runner.context_len)
         loras = request_adapters(state.runner.lora, raw.get("lora_path"), len(norm.items))
+        routing = request_routing(state.runner, raw, prompts)
     except ValueError as e:
         if obj.stream:
             return StreamingResponse(_stream_error(str(e)), media_type="text/event-stream")
         return error_response(str(e))
     seqs = _sequences(norm, prompts)
-    for s, vp, adapter in zip(seqs, visions, loras):
+    for s, vp, adapter, rt in zip(seqs, visions, loras, routing):
         s.vision = vp
         s.lora = adapter
+        s.routing = rt
+    try:
+        await attach_grammars(state, seqs)
+    except ValueError as e:
+        if obj.stream:
+            return StreamingResponse(_stream_error(str(e)), media_type="text/event-stream")
+        return error_response(str(e))
     if norm.stream:
         return StreamingResponse(_stream(state, norm, seqs, request), media_type="text/event-stream")
     await state.wait_unpaused()

@@ -24,8 +24,13 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from servers.engine.lora import openai_lora_path, request_adapters
 from servers.engine.sequence import Sequence
-from servers.protocol.openai_request import OpenAIRequest, parse_chat, parse_completion
-from servers.protocol.request import SamplingParams
+from servers.protocol.openai_request import (
+    OpenAIRequest,
+    choice_seed,
+    parse_chat,
+    parse_completion,
+)
+from servers.protocol.request import GrammarSpec, SamplingParams
 from servers.protocol.responses import build_output
 from servers.protocol.tool_parser import BOT, held_back, parse_tool_calls
 from servers.routes import generate as gen
@@ -65,6 +70,20 @@ async def models(request: Request) -> dict:
     return {"object": "list", "data": cards}
 
 
+@router.get("/v1/models/{model:path}")
+async def retrieve_model(model: str, request: Request) -> Response:
+    """One model card, as SGLang answers it: the served model only (a 404 otherwise)."""
+    state: ServerState = request.app.state.server
+    name = _model_name(state)
+    if model != name:
+        return JSONResponse({"error": {"message": f"The model '{model}' does not exist",
+                                       "type": "invalid_request_error", "param": "model",
+                                       "code": "model_not_found"}}, status_code=404)
+    return JSONResponse({"id": name, "object": "model", "created": int(state.startup_time),
+                         "owned_by": "sglang", "root": name, "parent": None,
+                         "max_model_len": state.runner.context_len})
+
+
 def _sequences(state: ServerState, req: OpenAIRequest) -> list[Sequence]:
     """One sequence per choice; raises ``ValueError`` (a 400) for bad parameters or an adapter
     that is not loaded."""
@@ -72,13 +91,24 @@ def _sequences(state: ServerState, req: OpenAIRequest) -> list[Sequence]:
     one = {k: v for k, v in req.params.items() if k != "n"}
     lora = openai_lora_path(req.model, _model_name(state), req.lora_path)
     adapters = request_adapters(state.runner.lora, lora, len(req.prompts))
+    if req.forced_tools and not state.args.tool_call_parser:
+        raise ValueError("tool_choice 'required' or a named function needs the server's "
+                         "--tool-call-parser (the forced call is written in its format)")
+    forced = GrammarSpec("tool_call", json.dumps(req.forced_tools)) if req.forced_tools else None
+    # echo with logprobs scores the prompt too (SGLang: logprob_start_len 0 when both are set)
+    start = 0 if req.echo and req.top_logprobs else -1
     for ids, adapter in zip(req.prompts, adapters):
-        for _ in range(req.n):
+        for j in range(req.n):
             params = SamplingParams.from_dict(one, state.runner.vocab_size)
+            if params.sampling_seed is not None:
+                params.sampling_seed = choice_seed(params.sampling_seed, j)
+            if forced is not None:
+                params.grammar = forced
             prompt = gen._fit_context(list(ids), params, state.runner.context_len,
                                       state.args.allow_auto_truncate)
             seqs.append(Sequence(rid=uuid.uuid4().hex, prompt=prompt, params=params,
                                  return_logprob=req.logprobs, top_logprobs_num=req.top_logprobs,
+                                 logprob_start_len=start,
                                  stream=req.stream, lora=adapter))
     return seqs
 
@@ -108,21 +138,27 @@ def _chat_logprobs(state: ServerState, seq: Sequence, lo: int, hi: int) -> dict 
     return {"content": content}
 
 
-def _completion_logprobs(state: ServerState, seq: Sequence, lo: int, hi: int) -> dict | None:
+def _completion_logprobs(state: ServerState, seq: Sequence, lo: int, hi: int,
+                         prompt: bool = False) -> dict | None:
+    """OpenAI's legacy logprobs object for output tokens ``[lo, hi)``, led by the prompt's
+    tokens when ``prompt`` (echo with logprobs): as SGLang's ``to_openai_style_logprobs``, the
+    first prompt token has no logprob (``None``, and ``None`` top logprobs) and
+    ``text_offset`` is -1 throughout."""
     if not seq.return_logprob:
         return None
-    ids = seq.output_ids[lo:hi]
-    texts = state.detok.token_texts(ids)
-    tops = None
-    if seq.top_logprobs_num:
-        tops = [{state.detok.token_texts([tid])[0]: lp for lp, tid in seq.output_top[i]}
-                for i in range(lo, hi)]
-    offsets, pos = [], 0
-    for t in texts:
-        offsets.append(pos)
-        pos += len(t or "")
-    return {"tokens": texts, "token_logprobs": list(seq.output_logprobs[lo:hi]),
-            "top_logprobs": tops or [None] * len(ids), "text_offset": offsets}
+    detok = state.detok
+    ids, vals = list(seq.output_ids[lo:hi]), list(seq.output_logprobs[lo:hi])
+    top_rows: list = [seq.output_top[i] for i in range(lo, hi)] if seq.top_logprobs_num else []
+    if prompt and seq.input_logprobs is not None:
+        in_vals = list(seq.input_logprobs)
+        ids = seq.prompt[len(seq.prompt) - len(in_vals):] + ids
+        vals = in_vals + vals
+        if seq.top_logprobs_num:
+            top_rows = list(seq.input_top or []) + top_rows
+    tops = [None if row is None else {detok.token_texts([tid])[0]: lp for lp, tid in row}
+            for row in top_rows]
+    return {"tokens": detok.token_texts(ids), "token_logprobs": vals,
+            "top_logprobs": tops, "text_offset": [-1] * len(ids)}
 
 
 def _usage(seqs: list[Sequence], n: int) -> dict[str, int]:
@@ -158,7 +194,8 @@ def _completion_choice(state: ServerState, req: OpenAIRequest, i: int, seq: Sequ
     if req.echo:
         text = req.prompt_texts[i // req.n] + text
     reason, matched = _finish(seq)
-    return {"index": i, "text": text, "logprobs": _completion_logprobs(state, seq, 0, len(seq.output_ids)),
+    lp = _completion_logprobs(state, seq, 0, len(seq.output_ids), prompt=req.echo)
+    return {"index": i, "text": text, "logprobs": lp,
             "finish_reason": reason, "matched_stop": matched}
 
 
@@ -172,6 +209,7 @@ async def _serve(request: Request, chat: bool) -> Response:
         parse = parse_chat if chat else parse_completion
         req = parse(body, state.runner.tokenizer, state.runner.vocab_size)
         seqs = _sequences(state, req)
+        await gen.attach_grammars(state, seqs)
     except ValueError as e:
         return openai_error(str(e))
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
@@ -267,13 +305,15 @@ async def _chat_stream(state, req: OpenAIRequest, seqs, rid: str, model: str):
         return _sse({"id": rid, "object": "chat.completion.chunk", "created": created,
                      "model": model, "choices": [choice]})
 
-    for i in range(len(seqs)):
-        yield chunk(i, {"role": "assistant", "content": ""})
+    opened = [False] * len(seqs)
     async for i, n_out, final in _events(state, seqs):
         s, st = seqs[i], streams[i]
         if final and (err := _stream_error(s)):
             yield err
             break
+        if not opened[i]:  # as SGLang: the role chunk comes with the first engine output
+            opened[i] = True
+            yield chunk(i, {"role": "assistant", "content": ""})
         out = build_output(s, n_out, final, state.detok, state.engine.weight_version)
         text = out["text"]
         lp = _chat_logprobs(state, s, st.tokens, n_out)
@@ -308,18 +348,20 @@ async def _completion_stream(state, req: OpenAIRequest, seqs, rid: str, model: s
         return _sse({"id": rid, "object": "text_completion", "created": created, "model": model,
                      "choices": [choice]})
 
-    if req.echo:
-        for i in range(len(seqs)):
-            yield chunk(i, req.prompt_texts[i // req.n])
+    opened = [False] * len(seqs)
     async for i, n_out, final in _events(state, seqs):
         s, st = seqs[i], streams[i]
         if final and (err := _stream_error(s)):
             yield err
             break
+        # the echoed prompt (and its logprobs) leads the choice's first chunk, as in SGLang
+        first, opened[i] = not opened[i], True
         text = build_output(s, n_out, final, state.detok, state.engine.weight_version)["text"]
-        lp = _completion_logprobs(state, s, st.tokens, n_out)
+        lp = _completion_logprobs(state, s, st.tokens, n_out, prompt=first and req.echo)
         st.tokens = n_out
         delta = st.delta(text, final)
+        if first and req.echo:
+            delta = req.prompt_texts[i // req.n] + delta
         if delta or (lp and lp["tokens"]):
             yield chunk(i, delta, logprobs=lp)
         if final:

@@ -65,3 +65,47 @@ def test_openai_agents_runner_through_the_proxy(engine, tool_model_dir, tool_ser
         assert seg.tokens[start:start + len(t.completion_ids)] == t.completion_ids
         assert seg.loss_mask[start:start + len(t.completion_ids)] == [1] * len(t.completion_ids)
     assert sum(seg.loss_mask) == sum(len(t.completion_ids) for t in session.turns)
+
+
+def test_agents_sdk_output_type_and_a_forced_tool_call(tool_server):
+    """Against the server's own /v1 routes: ``output_type=`` (a strict json_schema
+    response_format) and ``tool_choice="required"`` are enforced, not ignored."""
+    import asyncio
+
+    import openai
+    from pydantic import BaseModel, Field
+
+    agents.set_tracing_disabled(True)
+
+    class Verdict(BaseModel):
+        n: int = Field(ge=0, le=99)
+        ok: bool
+
+    def model() -> agents.OpenAIChatCompletionsModel:
+        client = openai.AsyncOpenAI(base_url=f"http://{tool_server}/v1", api_key="unused",
+                                    max_retries=0, timeout=120)
+        return agents.OpenAIChatCompletionsModel(model="policy", openai_client=client)
+
+    calls: list[str] = []
+
+    @agents.function_tool
+    def calc(expr: str) -> str:
+        """Evaluate an arithmetic expression."""
+        calls.append(expr)
+        return "tool-ran"
+
+    async def main():
+        settings = agents.ModelSettings(temperature=0.0, max_tokens=80)
+        typed = agents.Agent(name="typed", output_type=Verdict, model=model(),
+                             model_settings=settings)
+        verdict = (await agents.Runner.run(typed, "Is 2+2 four?", max_turns=1)).final_output
+        forced = agents.Agent(
+            name="forced", tools=[calc], model=model(), tool_use_behavior="stop_on_first_tool",
+            model_settings=agents.ModelSettings(temperature=0.0, max_tokens=120,
+                                                tool_choice="required"))
+        out = (await agents.Runner.run(forced, "Think: 2+3?", max_turns=2)).final_output
+        return verdict, out
+
+    verdict, out = asyncio.run(main())
+    assert isinstance(verdict, Verdict) and 0 <= verdict.n <= 99
+    assert out == "tool-ran" and len(calls) == 1

@@ -14,7 +14,7 @@ from arealite.engine.packing import block_causal_mask
 from arealite.engine.prefix_pack import share_prefixes
 from arealite.engine.segment_attention import SegmentLayout, sequence_layout
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+DEVICES = ["cpu"] + ([pytest.param("cuda", marks=pytest.mark.cuda)] if torch.cuda.is_available() else [])
 
 
 def _rows(seed: int, shared: bool) -> tuple[list[list[int]], list[int]]:

@@ -50,3 +50,22 @@ def test_a_run_without_a_workflow_path_is_one_line(user_folder, monkeypatch, cap
     assert main(["task.yaml", "workflow.path=", "launcher.entry_module=null", "--dry-run"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "workflow.path is not set" in err
+
+
+@pytest.mark.parametrize("overrides, fragment", [
+    (["actor.context_parallel_size=2", "launcher.trainer_nproc=3"],
+     "actor.context_parallel_size=2 does not divide launcher.trainer_nproc=3"),
+    (["actor.context_parallel_size=3", "launcher.trainer_nproc=3"],
+     "actor.context_parallel_size=3 does not divide the model's 4 attention heads"),
+    (["actor.context_parallel_size=2", "actor.attn_impl=sdpa"], "needs attn_impl auto or segments"),
+])
+def test_bad_context_parallel_size_is_one_line(tmp_path, monkeypatch, capsys, overrides, fragment):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text('{"num_attention_heads": 4}')
+    (tmp_path / "task.yaml").write_text(
+        "kind: grpo\nactor:\n  path: model\n  shared_prompt_packing: false\n"
+        "workflow:\n  path: workflows.rlvr:RLVRWorkflow\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["task.yaml", *overrides, "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and fragment in err, err

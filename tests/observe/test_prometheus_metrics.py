@@ -36,7 +36,8 @@ def test_a_step_becomes_metrics():
              "staleness/avg": 0.5, "staleness/max": 1, "staleness/hist_0": 0.5, "staleness/hist_1": 0.5,
              "length_bias/mean_ratio": 0.96, "length_bias/ks": 0.1, "length_bias/gen_mean_len": 9.0}
     m.record_step(1, 1, stats, rollout)
-    m.record_step(2, 2, {**stats, "staleness/hist_1": 0.0, "eval/accuracy": 0.9}, rollout)  # stale report
+    m.record_step(2, 2, {**stats, "staleness/hist_1": 0.0, "eval/accuracy": 0.9,
+                         "consistency/kl_mean": 0.03, "consistency/servers_failed": 1.0}, rollout)  # stale report
     s = samples(reg)
     assert s[("arealite_trainer_steps_total", ())] == 2
     assert s[("arealite_trainer_phase_seconds_count", (("phase", "update"),))] == 2
@@ -44,6 +45,8 @@ def test_a_step_becomes_metrics():
     assert s[("arealite_trainer_tokens_total", ())] == 400
     assert s[("arealite_rollout_idle_seconds_total", ())] == 1.0
     assert s[("arealite_trainer_eval_accuracy", ())] == 0.9
+    assert s[("arealite_trainer_consistency", (("figure", "kl_mean"),))] == 0.03
+    assert s[("arealite_trainer_consistency", (("figure", "servers_failed"),))] == 1.0
     assert s[("arealite_trainer_staleness_fraction", (("staleness", "1"),))] == 0.0
     assert s[("arealite_weight_sync_bytes_total", ())] == 1000  # one report of version 1 only
     assert s[("arealite_weight_update_seconds_count", ())] == 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 import time
 
@@ -87,9 +88,56 @@ def test_pool_and_gateway(tiny_model_dir, tmp_path):
             assert back.status_code == 202 and back.json()["worker"]["is_healthy"] is True
             assert requests.get(f"{base}/workers", timeout=5).json()["total"] == 2
             assert requests.post(f"{base}/workers", json={"nope": 1}, timeout=5).status_code == 400
+        _behind_sglang_router(addrs)
     # The pool stopped its servers when it was stopped.
     time.sleep(1.0)
     assert not any(http_ok(f"http://{a}/health", timeout=1.0) for a in addrs)
+
+
+def _router_loads(base: str) -> dict[str, int]:
+    rows = requests.get(f"{base}/get_loads", timeout=10).json()["workers"]
+    return {w["worker"]: w["load"] for w in rows}
+
+
+def _behind_sglang_router(addrs: list[str]) -> None:
+    """The pool behind SGLang's own router (``sglang-router``): it routes, and its load-aware
+    policy reads each server's ``/get_load`` (a server without it reports -1)."""
+    import threading
+
+    from tests.support.procs import log_tail, spawn
+
+    if importlib.util.find_spec("sglang_router") is None:
+        pytest.skip("sglang-router is not installed (make setup installs it)")
+    port = find_free_port()
+    base = f"http://127.0.0.1:{port}"
+    urls = [f"http://{a}" for a in addrs]
+    cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
+           "--port", str(port), "--worker-urls", *urls, "--policy", "power_of_two",
+           "--log-level", "warn"]
+    with spawn(cmd) as (router, log):
+        assert wait_healthy(f"{base}/health", 60, alive=lambda: router.poll() is None), log_tail(log)
+        body = {"input_ids": [3, 4], "sampling_params": {"max_new_tokens": 3}}
+        r = requests.post(f"{base}/generate", json=body, timeout=60)
+        assert r.status_code == 200 and len(r.json()["output_ids"]) >= 1, r.text
+        assert _router_loads(base) == {u: 0 for u in urls}  # idle: 0, not -1
+        # a long generation on the first server: the router sees its tokens, and 0 on the other
+        ctx = requests.get(f"{urls[0]}/server_info", timeout=10).json()["context_length"]
+        long = {"input_ids": [3, 4, 5], "rid": "busy",
+                "sampling_params": {"max_new_tokens": ctx - 4, "ignore_eos": True}}
+        t = threading.Thread(target=requests.post, args=(f"{urls[0]}/generate",),
+                             kwargs={"json": long, "timeout": 120}, daemon=True)
+        t.start()
+        try:
+            deadline, loads = time.time() + 60, {}
+            while time.time() < deadline:
+                loads = _router_loads(base)
+                if loads[urls[0]] > 3:
+                    break
+                time.sleep(0.2)
+            assert loads[urls[0]] > 3 and loads[urls[1]] == 0, loads
+        finally:
+            requests.post(f"{urls[0]}/abort_request", json={"rid": "busy"}, timeout=30)
+            t.join(timeout=60)
 
 
 def test_pool_failure_message_contains_log_tail(tmp_path, capsys):

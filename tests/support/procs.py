@@ -146,7 +146,7 @@ class VLLMServers:
         self.addrs = [f"{LOOPBACK}:{p}" for p in self.ports]
         sg = SimpleNamespace(dtype="float32", log_level="warning", mem_fraction_static=None,
                              context_length=max_model_len, max_running_requests=None, tp_size=1,
-                             extra_args=list(extra_args))
+                             enable_return_routed_experts=False, extra_args=list(extra_args))
         self.cmds = [vllm_command(str(model_path), LOOPBACK, p, sg, i, True, None, dict(os.environ))
                      for i, p in enumerate(self.ports)]
         self.procs: list[subprocess.Popen] = []

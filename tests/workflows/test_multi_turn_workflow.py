@@ -103,3 +103,30 @@ def test_bad_arguments(tiny_tokenizer):
         _wf(tiny_tokenizer, max_turns=0)
     with pytest.raises(ValueError, match="turn_discount"):
         _wf(tiny_tokenizer, turn_discount=1.5)
+
+
+class RoutedScriptedEngine(ScriptedEngine):
+    """Each answer also carries routed experts (a MoE server's): every row holds its turn."""
+
+    def _generate(self, req):
+        resp = super()._generate(req)
+        rows = len(req.input_ids) + len(resp.output_tokens) - 1
+        import numpy as np
+
+        resp.routed_experts = np.full((rows, 2), len(self.requests) - 1, dtype=np.int32)
+        return resp
+
+
+def test_routed_experts_of_later_turns_join_the_earlier_ones(tiny_model_dir, tiny_tokenizer):
+    tok = tiny_tokenizer
+    wrong = _ids(tok, "3 + 4 = 8\n#### 8<|im_end|>")
+    right = _ids(tok, "3 + 4 = 7\n#### 7<|im_end|>")
+    eng = RoutedScriptedEngine(str(tiny_model_dir), [wrong, right])
+    traj = asyncio.run(_wf(tok, max_turns=3).arun_episode(eng, dict(ROW)))
+    r1, r2 = eng.requests
+    n = int(traj["attention_mask"][0].sum())
+    routed = traj["routed_experts"][0, :n, 0].tolist()
+    first = len(r1.input_ids) + len(wrong) - 1  # rows turn 1 reported: its tokens but the last
+    # turn 1's rows stay (its tokens were generated with them); turn 2 adds the rest; the last
+    # token has none
+    assert routed == [0] * first + [1] * (n - 1 - first) + [-1]

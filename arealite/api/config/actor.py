@@ -111,9 +111,39 @@ class TrainEngineConfig(BaseConfig):
         "else segments (per-sequence SDPA, no dense mask); flex: the same masks as a "
         "FlexAttention block mask (CUDA only); sdpa/eager use a dense [T, T] mask.",
     )
+    logprob_head: Literal["fused", "dense"] = Field(
+        "fused", description="How a causal LM's per-token log-probs (and entropy) are computed: "
+        "fused: from the final hidden states and the head weight in token chunks, with a "
+        "backward that recomputes each chunk (no [tokens x vocab] logits or gradient; "
+        "arealite.engine.lm_head); dense: the model's full logits, as HF computes them. "
+        "Models whose head rescales its logits (soft-capping, logit_scale) use dense.")
+    logprob_chunk_size: int = Field(
+        1024, ge=1, description="Tokens per chunk of the fused head: its extra memory is about "
+        "3 x chunk x vocab x 4 bytes (fp32 logits, softmax, gradient of one chunk).")
+    context_parallel_size: int = Field(
+        1, ge=1, description="Ulysses context parallelism: each packed micro-batch's tokens are "
+        "split over this many ranks (attention exchanges heads for tokens with an all-to-all; "
+        "arealite.engine.context_parallel). Must divide the trainer's world size and the "
+        "attention heads; the ranks of a group train on their rows together. Needs "
+        "attn_impl auto/segments, token_mean loss aggregation and no shared-prompt packing.")
     lora: LoRAConfig | None = Field(
         None, description="Train a LoRA adapter (peft) over frozen base weights; null trains "
         "every weight. See docs/quickstart.md#lora.")
+    routing_replay: bool = Field(
+        False, description="Mixture-of-experts models: route each token through the experts "
+        "the inference server used for it (the trajectory's routed_experts), with gate weights "
+        "from this model's own router, in every forward (log-prob recompute and update); asks "
+        "the servers for them. See docs/moe.md.")
+
+    @model_validator(mode="after")
+    def _check_context_parallel(self) -> TrainEngineConfig:
+        if self.context_parallel_size > 1 and self.attn_impl not in ("auto", "segments"):
+            raise ValueError(f"context_parallel_size > 1 needs attn_impl auto or segments (the "
+                             f"all-to-all wraps segment attention), not {self.attn_impl}")
+        if self.context_parallel_size > 1 and self.routing_replay:
+            raise ValueError("routing_replay with context_parallel_size > 1 is not supported yet "
+                             "(the routed experts are not split over the group like the tokens)")
+        return self
 
 
 class PPOAlgorithmOptions(BaseModel):
@@ -220,6 +250,14 @@ class PPOActorConfig(TrainEngineConfig, PPOAlgorithmOptions):
             raise ValueError("c_clip must be > 1 (dual clip) or null")
         if self.use_decoupled_loss and not self.recompute_logprob:
             raise ValueError("use_decoupled_loss needs recompute_logprob=true (proximal logprobs)")
+        if self.context_parallel_size > 1:
+            # each rank holds a token slice of a micro-batch: only per-token losses divide
+            if self.loss_agg_mode != "token_mean":
+                raise ValueError(f"context_parallel_size > 1 serves loss_agg_mode=token_mean "
+                                 f"only, not {self.loss_agg_mode}")
+            if self.shared_prompt_packing and self.group_size > 1:
+                raise ValueError("context_parallel_size > 1 does not serve shared-prompt "
+                                 "packing yet: set shared_prompt_packing=false")
         return self
 
 

@@ -4,6 +4,7 @@ device) and one field per section, whose model lives in the module named for it.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Literal
 
@@ -95,6 +96,24 @@ class SFTConfig(BaseExperimentConfig):
     )
 
 
+
+def check_routing_replay(config: Any) -> None:
+    """``actor.routing_replay`` asks the servers for routed experts (gconfig and launch flag)
+    and needs a mixture-of-experts model: a dense one is refused here, before anything starts
+    (when its folder exists; a model built later is checked when the trainer loads it)."""
+    cfg = Path(config.actor.path) / "config.json"
+    if cfg.is_file():
+        hf = json.loads(cfg.read_text())
+        hf = hf.get("text_config", hf)
+        if not (hf.get("num_experts") or hf.get("num_local_experts")):
+            raise ValueError(f"actor.routing_replay: {config.actor.path} is a dense model "
+                             f"({', '.join(hf.get('architectures') or ['?'])}, no experts to "
+                             "replay); set actor.routing_replay=false")
+    config.gconfig.return_routed_experts = True
+    config.servers.enable_return_routed_experts = True
+    if config.ref is not None:  # the reference log-probs go through the same experts
+        config.ref.routing_replay = True
+
 class GRPOConfig(BaseExperimentConfig):
     kind: Literal["grpo"] = Field("grpo", description="Which experiment this file configures.")
     async_training: bool = Field(True, description="prepare_batch (async) or rollout_batch (sync).")
@@ -156,6 +175,8 @@ class GRPOConfig(BaseExperimentConfig):
             raise ValueError("critic: needs actor.adv_estimator=gae (the only estimator that "
                              "uses values), and is not offloaded by launcher.colocate nor saved "
                              "in recovery checkpoints yet (recover.mode=disabled)")
+        if self.actor.routing_replay:
+            check_routing_replay(self)
         if self.actor.lora is not None and self.weight_update.type == "distributed":
             raise ValueError("actor.lora pushes only its adapter, through disk or in memory: "
                              "set weight_update.type=disk or tensor")

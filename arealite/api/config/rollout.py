@@ -31,6 +31,11 @@ class GenerationHyperparameters(BaseConfig):
         False, description="Turn off every token-based stop: EOS and stop_token_ids (as SGLang)."
     )
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0, description="SGLang frequency penalty.")
+    return_routed_experts: bool = Field(
+        False, description="Ask the servers for each token's routed experts (SGLang's "
+        "return_routed_experts; servers launched with servers.enable_return_routed_experts): "
+        "the trajectories carry them for the actor's routing_replay.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> GenerationHyperparameters:

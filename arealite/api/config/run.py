@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
+import os
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from arealite.api.config.base import BaseConfig
 
@@ -14,6 +15,28 @@ class SaverConfig(BaseConfig):
     freq_epochs: int | None = Field(None, ge=1, description="Save every N epochs.")
     freq_steps: int | None = Field(None, ge=1, description="Save every N steps.")
     freq_secs: float | None = Field(None, gt=0, description="Save every N seconds.")
+
+
+class LMEvalConfig(BaseConfig):
+    tasks: list[str] = Field(
+        default_factory=list,
+        description="EleutherAI lm-eval tasks run against the run's servers at each evaluation "
+        "(local-completions on /v1/completions); metrics logged as eval/lm_eval/<task>/<metric>. "
+        "Empty: none. See docs/observability.md.",
+    )
+    python: str = Field(".venv-lmeval/bin/python", description="Python of the lm-eval virtualenv (make setup-lmeval).")
+    include_path: str | None = Field(None, description="Folder of your own task YAMLs (lm_eval --include_path).")
+    limit: int | None = Field(None, ge=1, description="Documents per task (lm_eval --limit); None: all.")
+    num_fewshot: int | None = Field(None, ge=0, description="lm_eval --num_fewshot; None: the task's default.")
+    num_concurrent: int = Field(4, ge=1, description="Requests lm-eval keeps in flight.")
+    timeout: float = Field(3600.0, gt=0, description="Seconds one lm-eval run may take.")
+
+    @model_validator(mode="after")
+    def _python_exists(self) -> LMEvalConfig:
+        if self.tasks and not os.path.exists(self.python):
+            raise ValueError(f"evaluator.lm_eval.python {self.python!r} does not exist "
+                             "(make setup-lmeval builds .venv-lmeval)")
+        return self
 
 
 class EvaluatorConfig(SaverConfig):
@@ -26,6 +49,7 @@ class EvaluatorConfig(SaverConfig):
         "with no training episode in flight; None: mean greedy reward (eval/accuracy). Its "
         "time is logged as timeperf/eval and not counted in total_train_seconds.",
     )
+    lm_eval: LMEvalConfig = Field(default_factory=LMEvalConfig, description="lm-eval tasks run with each evaluation.")
 
 
 class RecoverConfig(SaverConfig):

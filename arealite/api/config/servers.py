@@ -31,6 +31,9 @@ class ServersConfig(BaseConfig):
     tp_size: int = Field(1, ge=1, description="--tp-size")
     skip_tokenizer_init: bool = Field(False, description="--skip-tokenizer-init")
     enable_metrics: bool = Field(False, description="--enable-metrics")
+    enable_return_routed_experts: bool = Field(
+        False, description="--enable-return-routed-experts: MoE servers report each token's "
+        "experts (SGLang, vLLM and the embedded server); on by itself under actor.routing_replay.")
     log_level: str = Field("warning", description="--log-level")
     device: str = Field("auto", description="--device (cpu, cuda, auto)")
     api_key: str | None = Field(None, description="--api-key")

@@ -25,10 +25,14 @@ Checked against vLLM 0.32's own source (``vllm/entrypoints/scale_out/token_in_to
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import math
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from arealite.api.config.rollout import GenerationHyperparameters
 from arealite.api.io_struct import token_ids_json
@@ -122,8 +126,25 @@ def parse_generate_response(body: Any, fallback_version: int) -> Segment:
     spans = choice.get("weight_versions")
     version = spans[-1].get("version") if type(spans) is list and spans else None
     meta = {"weight_versions": spans, "weight_version": version}
-    return Segment(ids, logprobs, token_versions(meta, n, fallback_version), kind,
-                   str(choice.get("stop_reason") or ""), version)
+    seg = Segment(ids, logprobs, token_versions(meta, n, fallback_version), kind,
+                  str(choice.get("stop_reason") or ""), version)
+    if choice.get("routed_experts") is not None:
+        seg.routed_experts = decode_npy_routed_experts(choice["routed_experts"])
+    return seg
+
+
+def decode_npy_routed_experts(value: Any) -> np.ndarray:
+    """vLLM's ``choices[0].routed_experts``: base64 of ``.npy`` bytes of a
+    ``[tokens - 1, num_layers, top_k]`` array (uint8, uint16 or int32), every row from the
+    first token (vLLM's generate API has no start); flat int32 here, as SGLang's."""
+    try:
+        arr = np.load(io.BytesIO(base64.b64decode(value, validate=True)), allow_pickle=False)
+    except (ValueError, TypeError, OSError) as e:
+        raise ProtocolError(f"routed_experts is not base64 .npy bytes: {e}") from None
+    if arr.ndim != 3 or arr.dtype.kind not in "iu":
+        raise ProtocolError(f"routed_experts must be an integer [tokens, layers, top_k] array, "
+                            f"got {arr.dtype} {arr.shape}")
+    return arr.astype(np.int32).reshape(-1)
 
 
 def tied_embeddings(model_path: str) -> bool:
@@ -151,6 +172,12 @@ class VLLMProtocol:
     generate_path = "/inference/v1/generate"
     encode_generate_body = staticmethod(encode_generate_body)
     parse_generate_response = staticmethod(parse_generate_response)
+
+    @staticmethod
+    def add_routed_experts_start(body: bytes, start: int) -> bytes:
+        """vLLM's generate API has no start: it reports every row, and the client keeps the
+        rows it holds (``arealite.rollout.routed_experts``)."""
+        return body
 
     @staticmethod
     def add_image_data(body: bytes, image_data: list[str]) -> bytes:

@@ -41,6 +41,16 @@ def model_config(model_path: str) -> dict[str, Any] | None:
         return None  # not a local HF folder (a hub name on a GPU host): vLLM checks it
 
 
+def routed_experts_problems(sg: Any, on_cpu: bool) -> list[str]:
+    """vLLM 0.32 returns routed experts only from its V2 model runner, which needs Triton: not
+    on CPU servers (its config check says so at start-up)."""
+    if sg.enable_return_routed_experts and on_cpu:
+        return ["servers.enable_return_routed_experts (actor.routing_replay): vLLM returns routed "
+                "experts only with its V2 model runner, which needs Triton (GPU servers); on CPU "
+                "use server_backend embedded (embedded and sglang servers return them)"]
+    return []
+
+
 def model_problems(model_path: str, on_cpu: bool) -> list[str]:
     """Why vLLM cannot serve ``model_path`` for training, one line each (empty: it can)."""
     cfg = model_config(model_path)
@@ -77,12 +87,16 @@ def vllm_command(
             cmd += [flag, str(value)]
     if sg.tp_size != 1:
         cmd += ["--tensor-parallel-size", str(sg.tp_size)]
+    if sg.enable_return_routed_experts:  # vLLM then answers every request with them
+        cmd.append("--enable-return-routed-experts")
     if api_key:
         cmd += ["--api-key", api_key]
     if not on_cpu:  # vLLM's NCCL weight-transfer engine (weight_update.type=distributed)
         cmd += ["--weight-transfer-config", json.dumps({"backend": "nccl"})]
     cmd += list(sg.extra_args)
     env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_LOGGING_LEVEL": sg.log_level.upper()}
+    if sg.enable_return_routed_experts:  # vLLM 0.32 captures them in its V2 model runner only
+        env["VLLM_USE_V2_MODEL_RUNNER"] = "1"
     if on_cpu:  # the OS places the threads: vLLM's own binding puts every server on core 0
         env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
     return cmd, env

@@ -23,6 +23,7 @@ logprobs and only the other rows are recomputed.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any
 
@@ -78,7 +79,9 @@ class PPOActor:
         """The update's forward gives the proximal logprobs: one optimizer step (the weights do
         not move between its micro-batches) and no KL term (advantages do not read them)."""
         c = self.config
-        return c.recompute_logprob and c.ppo_n_minibatches == 1 and c.kl_ctl == 0
+        # (with context parallelism a micro-batch's logprobs are split over ranks: recompute)
+        return (c.recompute_logprob and c.ppo_n_minibatches == 1 and c.kl_ctl == 0
+                and c.context_parallel_size == 1)
 
     @torch.no_grad()
     def prepare_prox_logp(self, data: TensorDict) -> str:
@@ -195,6 +198,14 @@ class PPOActor:
         for s in step_stats:
             self.tracker.scalar(grad_norm=s["grad_norm"], lr=s["lr"], loss=s["loss"],
                                 update_successful=s["update_successful"])
+        routing = getattr(self.engine, "routing", None)
+        if routing is not None:  # this step's forwards: log-prob recompute and update
+            for key, value in routing.take_stats().items():  # "moe/agreement/layer0", ...
+                *scopes, name = key.split("/")
+                with contextlib.ExitStack() as stack:
+                    for s in scopes:
+                        stack.enter_context(self.tracker.scope(s))
+                    self.tracker.scalar(**{name: value})
         return self.tracker.export(reduce_group=_group(self.engine))
 
     def _record_batch_stats(self, data: TensorDict) -> None:

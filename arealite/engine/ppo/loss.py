@@ -32,7 +32,7 @@ import torch
 
 from arealite.api.config.actor import PPOActorConfig, PPOCriticConfig
 from arealite.api.trajectory import TensorDict
-from arealite.engine.functional import gather_logprobs, gather_logprobs_entropy
+from arealite.engine.functional import logprobs_and_entropy
 from arealite.engine.ppo.corrections import behaviour_correction
 from arealite.engine.ppo.policy_losses import (
     LOSS_AGGREGATIONS,
@@ -120,7 +120,7 @@ def actor_loss(
     ``PPOActor.prepare_prox_logp``), and ``(logprobs, mb)`` is appended to it."""
     c = config
     lm = mb["loss_mask"].bool()
-    logp = gather_logprobs(logits, mb["labels"], temperature=c.temperature)
+    logp, entropy = logprobs_and_entropy(logits, mb["labels"], c.temperature)
     behave = mb["logprobs"]
     recomputed = mb.get("prox_logp")
     if prox_sink is not None:
@@ -133,7 +133,6 @@ def actor_loss(
     else:
         prox, old = None, behave  # standard PPO against the servers' logprobs
     loss, st = _registered_loss(logp, prox, old, mb, c)
-    _, entropy = gather_logprobs_entropy(logits.detach(), mb["labels"], c.temperature)
     t = tracker
     t.denominator(n_tokens=lm, clipped_tokens=st["clip_mask"],
                   dual_clipped_tokens=st["dual_clip_mask"])

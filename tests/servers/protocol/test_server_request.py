@@ -74,7 +74,8 @@ def test_sampling_defaults_and_greedy_folding():
     ({"repetition_penalty": 0}, "repetition_penalty must be in"),
     ({"frequency_penalty": 3}, "frequency_penalty must be in"),
     ({"logit_bias": {"100000": 1.0}}, "logit_bias must has keys"),
-    ({"regex": "a+"}, "not supported"),
+    ({"structural_tag": "{}"}, "not supported"),
+    ({"regex": "a+", "json_schema": "{}"}, "Only one of json_schema"),
     ({"stop": ["s"] * 33}, "at most 32 stop strings"),
 ])
 def test_sampling_validation_messages(sp, msg):

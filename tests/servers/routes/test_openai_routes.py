@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import pytest
 
+from tests.support.http_calls import gen, post
 from tests.support.tool_model import CONVERSATION, TOOLS
 
 openai = pytest.importorskip("openai")
@@ -133,3 +136,70 @@ def test_stop_strings_trim_the_text_streamed_or_not(client):
     streamed = "".join(ch.choices[0].delta.content or "" for ch in
                        client.chat.completions.create(stream=True, **plain) if ch.choices)
     assert streamed == whole and text.startswith(whole) and len(whole) <= 1
+
+
+def test_echo_with_logprobs_scores_the_prompt_as_generate_does(client, tool_server):
+    """lm-eval's loglikelihood: echo + logprobs, prompt log-probs first (the first None)."""
+    prompt = [5, 9, 13, 21, 8]
+    r = client.completions.create(model="m", prompt=prompt, max_tokens=1, echo=True,
+                                  logprobs=1, temperature=0)
+    lp = r.choices[0].logprobs
+    ref = gen(f"http://{tool_server}", {"input_ids": prompt, "return_logprob": True,
+                                        "logprob_start_len": 0, "top_logprobs_num": 1,
+                                        "sampling_params": {"max_new_tokens": 1,
+                                                            "temperature": 0}})["meta_info"]
+    want = [v for v, _, _ in ref["input_token_logprobs"] + ref["output_token_logprobs"]]
+    assert len(lp.token_logprobs) == len(prompt) + 1 and lp.token_logprobs[0] is None
+    assert lp.token_logprobs[1:] == pytest.approx(want[1:], abs=1e-5)
+    assert lp.top_logprobs[0] is None and len(lp.top_logprobs) == len(prompt) + 1
+    # greedy continuation: the chosen token is its row's best
+    assert max(lp.top_logprobs[-1].values()) == pytest.approx(lp.token_logprobs[-1], abs=1e-6)
+    streamed = [c.choices[0] for c in client.completions.create(
+        model="m", prompt=prompt, max_tokens=1, echo=True, logprobs=1, temperature=0,
+        stream=True) if c.choices and c.choices[0].logprobs]
+    assert streamed[0].logprobs.token_logprobs[:len(prompt)] == lp.token_logprobs[:len(prompt)]
+
+
+def test_completions_stop_at_16_tokens_by_default(client):
+    r = client.completions.create(model="m", prompt="1+2", temperature=0,
+                                  extra_body={"ignore_eos": True})
+    assert r.usage.completion_tokens == 16 and r.choices[0].finish_reason == "length"
+
+
+def test_seed_with_n_gives_different_reproducible_choices(client):
+    kw = dict(model="m", prompt="hello", max_tokens=8, temperature=1.5, seed=11,
+              extra_body={"ignore_eos": True})
+    a = [c.text for c in client.completions.create(n=4, **kw).choices]
+    b = [c.text for c in client.completions.create(n=4, **kw).choices]
+    assert a == b and len(set(a)) > 1
+    assert client.completions.create(n=1, **kw).choices[0].text == a[0]
+
+
+def test_chat_stream_opens_with_the_first_token(client, tool_server):
+    """No chunk goes out before the engine has a token: held by a pause, nothing arrives."""
+    base = f"http://{tool_server}"
+    got: list[tuple[float, dict]] = []
+
+    def read() -> None:
+        for c in client.chat.completions.create(
+                model="m", messages=[CONVERSATION[0]], max_tokens=3, stream=True):
+            got.append((time.monotonic(), c.model_dump()))
+
+    assert post(base, "/pause_generation", {"mode": "in_place"}).status_code == 200
+    try:
+        t = threading.Thread(target=read, daemon=True)
+        t.start()
+        time.sleep(3.0)
+        resumed = time.monotonic()
+    finally:
+        assert post(base, "/continue_generation", {}).status_code == 200
+    t.join(timeout=60)
+    assert got and got[0][0] >= resumed
+    assert got[0][1]["choices"][0]["delta"]["role"] == "assistant"
+
+
+def test_retrieve_model(client, tool_model_dir):
+    card = client.models.retrieve(str(tool_model_dir))
+    assert card.id == str(tool_model_dir) and card.object == "model"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("no-such-model")

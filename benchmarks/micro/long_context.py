@@ -1,0 +1,397 @@
+"""Long micro-batches: one PPO update's peak memory and tokens/s, dense LM head vs the fused head
+(``TrainEngineConfig.logprob_head``), with and without activation checkpointing, for token
+budgets doubling from 4,096.
+
+Each point (budget x head x checkpointing) is one ``FSDPPPOActor`` running ``ppo_update`` on a
+batch that fills exactly one micro-batch of ``budget`` tokens (rows of ``--seq-len`` tokens;
+0: a single trace of the whole budget), behaviour log-probs as the proximal policy (no
+recompute forward: the update alone). ``--updates`` updates run (2 by default); the last is
+timed.
+
+Memory, said plainly because it differs by device:
+
+- CPU: the growth of the process's peak resident set over the updates (``VmHWM`` after,
+  reset through ``/proc/self/clear_refs`` just before, minus ``VmRSS`` then), in MiB: what the
+  update adds on top of weights, optimizer and batch;
+- CUDA: ``torch.cuda.max_memory_allocated`` over the updates, in GiB: the whole footprint
+  (weights, gradients, optimizer included), as prime-rl reports its peaks.
+
+Every point runs in a fresh process (``--point``), so one point's freed-but-cached memory never
+hides the next one's; dense and fused alternate at each budget so machine load hits both alike.
+A point that fails (out of memory) ends that configuration's column.
+
+    python -m benchmarks.micro.long_context                          # CPU: tiny model, Qwen vocab
+    python -m benchmarks.micro.long_context --device cuda --model qwen3-0.6b \\
+        --budgets 4096,8192,16384,32768,65536 --seq-len 0            # GPU: Qwen3-0.6B shape, bf16
+
+Models are built from a config (no download): ``tiny-vocab`` has Qwen's 151,936-token vocabulary
+(tied embeddings) over a 64-wide, 2-layer body, so the head dominates as it does for long traces
+of small models; ``qwen3-0.6b`` is Qwen3-0.6B's published shape. CPU runs fp32; CUDA runs bf16
+compute over fp32 master weights (FSDP2 mixed precision).
+
+Targets (issue 34), CPU at 8,192 tokens: fused peak <= 0.25x dense, fused tokens/s >= 0.9x dense.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.harness.paths import ROOT, results_dir
+
+RESULTS = results_dir("long_context")
+MODELS = {
+    "tiny-vocab": dict(
+        model_type="qwen2",
+        vocab_size=151936,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=131072,
+        tie_word_embeddings=True,
+    ),
+    # Qwen3-0.6B's config.json (hub: Qwen/Qwen3-0.6B)
+    "qwen3-0.6b": dict(
+        model_type="qwen3",
+        vocab_size=151936,
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=131072,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+    ),
+}
+
+
+def build_model_dir(name: str, out: Path) -> Path:
+    """An HF directory holding only the config: the engine builds it with ``init_from_scratch``."""
+    from transformers import AutoConfig
+
+    spec = dict(MODELS[name])
+    cfg = AutoConfig.for_model(spec.pop("model_type"), **spec)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg.save_pretrained(str(out))
+    return out
+
+
+def trace_batch(budget: int, seq_len: int, vocab: int, seed: int = 0) -> dict:
+    """Rows of ``seq_len`` tokens (the last one shorter) summing to ``budget``: a 64-token prompt,
+    the rest generated, random behaviour log-probs and rewards."""
+    from arealite.api.trajectory import pad_sequences_to_tensors
+
+    rng = random.Random(seed)
+    lens, left = [], budget
+    while left > 0:
+        lens.append(min(left, seq_len or budget))
+        left -= lens[-1]
+    rows = []
+    for L in lens:
+        p = min(64, L // 2)
+        rows.append(
+            {
+                "input_ids": [rng.randint(3, vocab - 1) for _ in range(L)],
+                "loss_mask": [0] * p + [1] * (L - p),
+                "logprobs": [0.0] * p + [-rng.uniform(0.5, 4.0) for _ in range(L - p)],
+                "versions": [-1] * p + [0] * (L - p),
+                "rewards": float(rng.random() < 0.5),
+            }
+        )
+    return pad_sequences_to_tensors(rows)
+
+
+def _status_kib(key: str) -> int:
+    return int(re.search(rf"{key}:\s+(\d+)", Path("/proc/self/status").read_text()).group(1))
+
+
+def run_point(
+    model_dir: Path,
+    device: str,
+    budget: int,
+    head: str,
+    ckpt: bool,
+    seq_len: int,
+    chunk: int,
+    updates: int = 2,
+    attn: str = "auto",
+) -> dict:
+    """One configuration in this process: ``updates`` PPO updates, the last one timed."""
+    import torch
+
+    from arealite.api.config.actor import MixedPrecisionConfig, OptimizerConfig, PPOActorConfig
+    from arealite.api.io_struct import FinetuneSpec
+    from arealite.engine.ppo.actor import FSDPPPOActor
+
+    cuda = device == "cuda"
+    cfg = PPOActorConfig(
+        path=str(model_dir),
+        init_from_scratch=True,
+        dtype="float32",
+        group_size=1,
+        max_tokens_per_mb=budget,
+        recompute_logprob=False,
+        use_decoupled_loss=False,
+        adv_norm=True,
+        logprob_head=head,
+        logprob_chunk_size=chunk,
+        gradient_checkpointing=ckpt,
+        attn_impl=attn,
+        mixed_precision=MixedPrecisionConfig(param_dtype="bfloat16" if cuda else "float32"),
+        optimizer=OptimizerConfig(lr=1e-6, weight_decay=0.0, gradient_clipping=1.0),
+    )
+    actor = FSDPPPOActor(cfg, device=device, backend="nccl" if cuda else "gloo")
+    actor.initialize(ft_spec=FinetuneSpec(1, 1 << 20, 16))
+    hf = actor.hf_config
+    batch = trace_batch(budget, seq_len, hf.vocab_size)
+    lens = batch["attention_mask"].sum(1).tolist()
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    else:
+        Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
+    base = _status_kib("VmRSS")
+    secs = []
+    for _ in range(max(1, updates)):
+        data = dict(batch)
+        actor.compute_advantages(data)
+        sync()
+        t = time.perf_counter()
+        actor.ppo_update(data)
+        sync()
+        secs.append(time.perf_counter() - t)
+    if cuda:
+        peak = torch.cuda.max_memory_allocated() / 2**30
+    else:
+        peak = (_status_kib("VmHWM") - base) / 1024
+    n_params = sum(p.numel() for p in actor.model.parameters())
+    actor.destroy()
+    return {
+        "budget": budget,
+        "head": head,
+        "ckpt": ckpt,
+        "tokens": sum(lens),
+        "rows": len(lens),
+        "seconds": secs[-1],
+        "tokens_per_s": sum(lens) / secs[-1],
+        "peak": peak,
+        "peak_unit": "GiB allocated" if cuda else "MiB RSS growth",
+        "n_params": n_params,
+        "flops": model_flops(hf, n_params, lens),
+    }
+
+
+def model_flops(cfg, n_params: int, lens: list[int]) -> float:
+    """Forward + backward FLOPs (6 N per token, the tied head counted once as its matmul, plus
+    causal attention 6 L^2 H d per layer; recomputation not counted)."""
+    d = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    attn = sum(6 * L * L * cfg.num_attention_heads * d for L in lens) * cfg.num_hidden_layers
+    return 6.0 * n_params * sum(lens) + attn
+
+
+def _spawn_point(
+    args, model_dir: Path, budget: int, head: str, ckpt: bool, failed: list
+) -> dict | None:
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.micro.long_context",
+        "--point",
+        f"{budget},{head},{int(ckpt)}",
+        "--model-dir",
+        str(model_dir),
+        "--device",
+        args.device,
+        "--seq-len",
+        str(args.seq_len),
+        "--chunk",
+        str(args.chunk),
+        "--updates",
+        str(args.updates),
+        "--attn",
+        args.attn,
+    ]
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=str(ROOT))
+    for line in r.stdout.splitlines()[::-1]:
+        if line.startswith("{"):
+            return json.loads(line)
+    # rc -9: the kernel's out-of-memory killer (a CPU point larger than the free memory)
+    why = (
+        "killed (out of memory)"
+        if r.returncode == -9
+        else (r.stderr.strip().splitlines() or ["?"])[-1][:200]
+    )
+    failed.append({"budget": budget, "head": head, "ckpt": ckpt, "rc": r.returncode, "why": why})
+    print(f"  point {budget} {head} ckpt={int(ckpt)} failed (rc {r.returncode}): {why}", flush=True)
+    return None
+
+
+def table(rows: list[dict], peak_tflops: float | None) -> str:
+    unit = rows[0]["peak_unit"] if rows else ""
+    out = [
+        f"{'budget':>7} {'ckpt':>4} {'head':>5} {'s/update':>9} {'tokens/s':>9} "
+        f"{'peak':>9} {'MFU':>6}   peak = {unit}"
+    ]
+    by = {(r["budget"], r["ckpt"], r["head"]): r for r in rows}
+    for r in rows:
+        mfu = (
+            f"{r['flops'] / r['seconds'] / (peak_tflops * 1e12):6.1%}" if peak_tflops else "     -"
+        )
+        out.append(
+            f"{r['budget']:>7} {int(r['ckpt']):>4} {r['head']:>5} {r['seconds']:9.2f} "
+            f"{r['tokens_per_s']:9.0f} {r['peak']:9.1f} {mfu}"
+        )
+    ratios = []
+    for (b, c, h), f in sorted(by.items()):
+        d = by.get((b, c, "dense"))
+        if h == "fused" and d:
+            ratios.append(
+                f"{b:>7} ckpt={int(c)}: fused/dense peak {f['peak'] / d['peak']:.3f}, "
+                f"tokens/s {f['tokens_per_s'] / d['tokens_per_s']:.2f}"
+            )
+    return "\n".join(out + (["", "fused against dense:"] + ratios if ratios else []))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--model", default="tiny-vocab", choices=sorted(MODELS))
+    ap.add_argument("--budgets", default="4096,8192", help="token budgets, comma-separated")
+    ap.add_argument("--heads", default="dense,fused")
+    ap.add_argument("--ckpt", default="0,1", help="activation checkpointing off/on: 0,1")
+    ap.add_argument("--seq-len", type=int, default=1024, help="tokens per row; 0: one trace")
+    ap.add_argument("--chunk", type=int, default=1024, help="fused head's tokens per chunk")
+    ap.add_argument(
+        "--attn",
+        default="auto",
+        help="the engine's attn_impl (auto: flash attention on CUDA when installed, else segments)",
+    )
+    ap.add_argument(
+        "--updates",
+        type=int,
+        default=2,
+        help="PPO updates per point, the last timed (1 on a slow CPU: the first "
+        "update differs only by creating AdamW's state)",
+    )
+    ap.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run points in this process (smoke test: memory figures then include "
+        "what earlier points left cached)",
+    )
+    ap.add_argument(
+        "--peak-tflops",
+        type=float,
+        default=None,
+        help="for MFU (H100 SXM dense bf16: 989); default: 989 on CUDA, none on CPU",
+    )
+    ap.add_argument(
+        "--json",
+        default=None,
+        help="results file (default: benchmarks/results/"
+        "long_context/long_context_<device>_<model>.json)",
+    )
+    ap.add_argument("--point", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--model-dir", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.point:  # child: one configuration, one JSON line
+        b, h, c = args.point.split(",")
+        print(
+            json.dumps(
+                run_point(
+                    Path(args.model_dir),
+                    args.device,
+                    int(b),
+                    h,
+                    c == "1",
+                    args.seq_len,
+                    args.chunk,
+                    args.updates,
+                    args.attn,
+                )
+            ),
+            flush=True,
+        )
+        return 0
+    peak_tflops = args.peak_tflops or (989.0 if args.device == "cuda" else None)
+    budgets = [int(x) for x in args.budgets.split(",")]
+    heads = args.heads.split(",")
+    ckpts = [c == "1" for c in args.ckpt.split(",")]
+    rows: list[dict] = []
+    out = (
+        Path(args.json) if args.json else RESULTS / f"long_context_{args.device}_{args.model}.json"
+    )
+    run = {
+        "command": "python -m benchmarks.micro.long_context "
+        + " ".join(sys.argv[1:] if argv is None else argv),
+        "device": args.device,
+        "model": args.model,
+        "seq_len": args.seq_len,
+        "chunk": args.chunk,
+        "attn": args.attn,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "rows": rows,
+        "failed": [],
+    }
+    print(
+        f"model {args.model} on {args.device}; rows of {args.seq_len or 'budget'} tokens; "
+        f"fused chunk {args.chunk}",
+        flush=True,
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = build_model_dir(args.model, Path(tmp) / "model")
+        dead: set = set()
+        for budget in budgets:
+            for ckpt in ckpts:
+                for head in heads:
+                    if (head, ckpt) in dead:
+                        continue
+                    if args.in_process:
+                        row = run_point(
+                            model_dir,
+                            args.device,
+                            budget,
+                            head,
+                            ckpt,
+                            args.seq_len,
+                            args.chunk,
+                            args.updates,
+                            args.attn,
+                        )
+                    else:
+                        row = _spawn_point(args, model_dir, budget, head, ckpt, run["failed"])
+                    if row is None:
+                        dead.add((head, ckpt))
+                        out.write_text(json.dumps(run, indent=1))
+                        continue
+                    rows.append(row)
+                    print(
+                        f"  {budget} ckpt={int(ckpt)} {head}: {row['seconds']:.2f} s, "
+                        f"peak {row['peak']:.1f} {row['peak_unit']}",
+                        flush=True,
+                    )
+                    out.write_text(json.dumps(run, indent=1))  # a cut-off run keeps its rows
+    print(table(rows, peak_tflops))
+    for f in run["failed"]:
+        print(f"{f['budget']:>7} ckpt={int(f['ckpt'])} {f['head']}: {f['why']}")
+    print(f"written to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""The grammar mask (servers/engine/grammar.py) against a slow reference loop, and the
+compiler's kinds, on the tiny tokenizer."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+
+from servers.protocol.request import GrammarSpec
+
+xgr = pytest.importorskip("xgrammar")
+
+from servers.engine.grammar import (  # noqa: E402
+    GrammarBackend,
+    _literal_regex,
+    apply_constraints,
+)
+
+
+@pytest.fixture(scope="module")
+def backend(tiny_tokenizer):
+    return GrammarBackend(tiny_tokenizer, len(tiny_tokenizer), [tiny_tokenizer.eos_token_id])
+
+
+def test_mask_matches_a_reference_loop_and_leaves_other_rows(backend, tiny_tokenizer):
+    from servers.engine.grammar import Constraint
+
+    spec = GrammarSpec("regex", "[0-9]{2}")
+    cons = [Constraint(backend.compile(spec)) for _ in range(2)]
+    cons[1].advance(tiny_tokenizer.encode("7", add_special_tokens=False)[0])  # as the worker does
+    assert not cons[1].rejected and cons[1]._next is not None
+    logits = torch.randn(4, len(tiny_tokenizer), generator=torch.Generator().manual_seed(0))
+    before = logits.clone()
+    apply_constraints(logits, [1, 3], cons)
+    assert torch.equal(logits[0], before[0]) and torch.equal(logits[2], before[2])
+    for row, c in ((1, cons[0]), (3, cons[1])):
+        mask = xgr.allocate_token_bitmask(1, len(tiny_tokenizer))
+        c.matcher.fill_next_token_bitmask(mask, 0)
+        for t in range(len(tiny_tokenizer)):  # slow reference: bit t of the packed mask
+            allowed = bool((int(mask[0, t // 32]) >> (t % 32)) & 1)
+            want = before[row, t].item() if allowed else float("-inf")
+            assert logits[row, t].item() == want
+    digits = [
+        t for t in range(len(tiny_tokenizer)) if re.fullmatch("[0-9]", tiny_tokenizer.decode([t]))
+    ]
+    allowed = torch.isfinite(logits[1]).nonzero().view(-1).tolist()
+    assert set(allowed) <= set(digits) and allowed
+
+
+def test_kinds_compile_and_bad_ones_are_value_errors(backend):
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    tools = [{"type": "function", "function": {"name": "f", "parameters": schema}}]
+    for spec in (
+        GrammarSpec("json_schema", json.dumps(schema)),
+        GrammarSpec("json_schema", "$$ANY$$"),
+        GrammarSpec("ebnf", 'root ::= "a" | "b"'),
+        GrammarSpec("tool_call", json.dumps(tools)),
+    ):
+        assert backend.compile(spec) is not None
+    for spec, frag in (
+        (GrammarSpec("regex", "("), "regex"),
+        (GrammarSpec("ebnf", "root ::="), "ebnf"),
+        (GrammarSpec("json_schema", "{"), "json_schema"),
+    ):
+        with pytest.raises(ValueError, match=f"Failed to compile {frag}"):
+            backend.compile(spec)
+
+
+def test_literal_regex_matches_exactly_its_text():
+    for text in ('<tool_call>\n{"name": ', "}\n</tool_call>", "a.b*c(d)|e[f]?+^$\\/"):
+        assert re.fullmatch(_literal_regex(text), text)
+        assert not re.fullmatch(_literal_regex(text), text + "x")
