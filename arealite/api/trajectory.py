@@ -16,7 +16,12 @@ token *as input* (layer-major, ``top_k`` ids per layer, as the server chose them
 the next token like the per-token values above), -1 on rows with no routing (the last token of
 each row, which the server never fed, and padding): the trainer's routing replay reads it.
 
-Further keys are allowed when their leading dimension is ``B`` (e.g. ``sample_ids [B]``).
+Further keys are allowed when their leading dimension is ``B`` (e.g. ``sample_ids [B]``, the
+row's integer ``id``). The rollout executor adds two to every trajectory it accepts, whatever the
+workflow: ``episode_ids [B]`` int64 (the episode's serial number in the run: no two episodes
+share one, also across a recovery) and ``data_epochs [B]`` int64 (the epoch its dataloader row
+was drawn in, -1 for rows given directly); the run's ledger (``observe/sample_log.py``) records
+them per step.
 ``pad_sequences_to_tensors`` builds one from python lists, ``concat_padded_tensors`` joins
 trajectories of different lengths, ``check_trajectory`` is what the executor enforces on every
 workflow's return value. A workflow returns ``None`` to reject an episode (it is counted, never
@@ -33,6 +38,10 @@ import numpy as np
 import torch
 
 TensorDict = dict[str, torch.Tensor]
+
+# Stamped by the rollout executor on every accepted trajectory (see above).
+EPISODE_IDS_KEY = "episode_ids"
+DATA_EPOCHS_KEY = "data_epochs"
 
 # Padding values per key; anything else pads with 0. versions pad with -1 (not generated).
 PAD_VALUES: dict[str, int | float | bool] = {"versions": -1, "attention_mask": False, "loss_mask": False,

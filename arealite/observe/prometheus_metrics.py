@@ -3,7 +3,7 @@
 
 Two sources, neither on the client's per-request path:
 - once per step, after the step's stats are logged: phase times, trainer and rollout idle time,
-  staleness, reward, held-out accuracy, trained tokens, weight-push seconds and bytes
+  staleness, length bias, reward, held-out accuracy, trained tokens, weight-push seconds and bytes
   (``record_step``, a few dozen dictionary reads);
 - at scrape time, read from the rollout client: episode counters (accepted, rejected, failed,
   stale, ...), the executor's queues, and per server the requests in flight as the client sees
@@ -102,6 +102,10 @@ class TrainerMetrics:
         self.sync_seconds = Histogram("arealite_weight_update_seconds",
                                       "Client-side seconds of each weight update (pause to resume on the servers)",
                                       buckets=PHASE_BUCKETS, registry=r)
+        self.length_bias = Gauge("arealite_trainer_length_bias",
+                                 "Trained against generated lengths (length_bias/*): mean_ratio, "
+                                 "p90_ratio, run_mean_ratio (1 = no bias), ks (0 = same "
+                                 "distribution), reward_diff", ["stat"], registry=r)
         self.consistency = Gauge(
             "arealite_trainer_consistency",
             "The consistency gate's last figures, worst server (consistency/*: kl_mean, kl_max, "
@@ -132,6 +136,8 @@ class TrainerMetrics:
             self.stale_hist.labels(k).set(v)
         self._stale_keys |= hist.keys()
         for k, v in stats.items():
+            if k.startswith("length_bias/") and not k.endswith("_len"):
+                self.length_bias.labels(k.split("/", 1)[1]).set(float(v))
             if k.startswith("consistency/"):
                 self.consistency.labels(k.split("/", 1)[1]).set(float(v))
         report = getattr(rollout, "last_weight_update", None)

@@ -10,11 +10,13 @@ from arealite.api.config.run import EvaluatorConfig
 from arealite.api.engine_api import InferenceEngine
 from arealite.api.reward_api import reward_stats
 from arealite.api.workflow_api import RolloutWorkflow
+from arealite.observe.length_bias import generated_lengths, length_bias_stats, run_mean_ratio
 
 
 def batch_rollout_stats(batch: dict[str, torch.Tensor], rollout: Any, version: int, step_secs: float) -> dict[str, float]:
     """Reward, staleness (trainer version at the update minus each token's version), version
-    span per trajectory, throughput and the executor's counters."""
+    span per trajectory, throughput, the executor's counters and the length bias of what was
+    trained against what was generated (``observe/length_bias.py``)."""
     lm = batch["loss_mask"].bool()
     out: dict[str, float] = {
         "reward": batch["rewards"].float().mean().item(),
@@ -51,6 +53,12 @@ def batch_rollout_stats(batch: dict[str, torch.Tensor], rollout: Any, version: i
         gone, kept = out.get("rollout/stale_tokens", 0.0), out.get("rollout/trained_tokens", 0.0)
         if gone + kept > 0:
             out["rollout/untrained_token_share"] = gone / (gone + kept)
+        out.update(run_mean_ratio(out))
+    take = getattr(rollout, "take_generated", None)
+    if callable(take) and "rewards" in batch:  # generated since the last step against trained
+        gen_lens, gen_rewards = take()
+        out.update(length_bias_stats(gen_lens, gen_rewards, generated_lengths(batch),
+                                     batch["rewards"].float().reshape(-1).tolist()))
     for k, val in reward_stats().items():
         out[f"reward_fn/{k}"] = float(val)
     return out

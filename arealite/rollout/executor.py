@@ -27,6 +27,12 @@ A wait also gives up early (``RolloutFailing``, with the last error) once max(16
 in a row have failed, e.g. when no server answers. A workflow's exception is counted as
 ``failed`` and logged; a row ``prepare_batch`` drew is drawn again (``config.episode_retries``).
 An attached ``observer`` (the trace) is told of each episode queued, started and ended.
+``rollout_batch``'s failed episodes are run again too (up to ``episode_retries`` times, in the
+same call, so the synchronous step keeps its rows); a row given up on is dropped and counted.
+
+Every accepted trajectory is stamped with its episode's serial number (``episode_ids``, one per
+launch over the whole run: the counter is saved with the data state) and the epoch its row was
+drawn in (``data_epochs``, -1 when it came from no dataloader): the run's ledger records them.
 """
 
 from __future__ import annotations
@@ -42,11 +48,20 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from arealite.api.config.rollout import InferenceEngineConfig
 from arealite.api.io_struct import RolloutStat, VersionClock
-from arealite.api.trajectory import TensorDict, check_trajectory, concat_padded_tensors
+from arealite.api.trajectory import (
+    DATA_EPOCHS_KEY,
+    EPISODE_IDS_KEY,
+    TensorDict,
+    check_trajectory,
+    concat_padded_tensors,
+)
 from arealite.api.workflow_api import RolloutWorkflow
 from arealite.observe.idle_time import IdleMeter
+from arealite.observe.length_bias import generated_lengths
 from arealite.observe.rollout_observer import RolloutObserver
 from arealite.rollout import staleness
 from arealite.rollout.data_cycle import DataCycle, DataloaderFeed
@@ -76,6 +91,7 @@ class _Pending:
     group: int | None  # rollout_batch's own episodes; None for the shared queue
     attempts: int = 0  # earlier failed episodes of this row (prepare_batch draws it again)
     observed: Any = None  # the observer's record of its submission
+    epoch: int = -1  # the epoch its dataloader row was drawn in (-1: no dataloader)
 
 
 @dataclass
@@ -85,6 +101,7 @@ class _Result:
     group: int | None
     data: Any = None  # the row it came from: in flight until trained (see inflight_data)
     attempts: int = 0
+    epoch: int = -1
 
 
 class WorkflowExecutor(DataloaderFeed):
@@ -107,7 +124,13 @@ class WorkflowExecutor(DataloaderFeed):
         self._paused = False
         self._held = False  # drain(): no new episode, running ones go on generating
         self._stale = 0
+        self._episodes = 0  # episodes launched over the whole run (restored): the next serial
+        self._gate_counts: dict[str, int] = {}  # restored before the gate exists
         self._tokens = {"stale_tokens": 0, "trained_tokens": 0}  # generated tokens, by fate
+        # every finished trajectory's rows, whatever their fate, against the trained ones: the
+        # run's length bias (observe/length_bias.py); take_generated() empties _generated
+        self._seqs = {"gen_seqs": 0, "gen_tokens": 0, "trained_seqs": 0, "trained_gen_tokens": 0}
+        self._generated: list[tuple[list[int], list[float]]] = []
         self.episode_retries = config.episode_retries
         self._fail_streak = 0  # episodes failed in a row (reset by any episode that finishes)
         self._last_failure = ""
@@ -134,6 +157,7 @@ class WorkflowExecutor(DataloaderFeed):
         g = self.gate
         if self._restored:
             g.on_version_recovered(self.clock.value)
+        g.restore_counts(**self._gate_counts)
         self.queue_size = c.queue_size or max(16, (g.max_staleness + 2) * g.batch_size + g.max_concurrent)
         self._idle.restart()
         if self._owns_loop:
@@ -186,15 +210,17 @@ class WorkflowExecutor(DataloaderFeed):
                     return
                 item = self._input.popleft()
                 key = next(self._launches)
+                serial, self._episodes = self._episodes, self._episodes + 1
                 if not self._running:
                     self._idle.busy()
                 self._running[key] = item
                 start_version = g.version
                 self._starts[key] = (item.group, start_version)
                 self._cond.notify_all()  # room in the input queue
-            self._lt.spawn(self._run_episode(key, item, start_version))
+            self._lt.spawn(self._run_episode(key, item, start_version, serial))
 
-    async def _run_episode(self, key: int, item: _Pending, start_version: int) -> None:
+    async def _run_episode(self, key: int, item: _Pending, start_version: int,
+                           serial: int = -1) -> None:
         g = self.gate
         obs = self.observer
         seen = None if obs is None else obs.on_episode_start(item.observed)  # in this task
@@ -204,6 +230,9 @@ class WorkflowExecutor(DataloaderFeed):
             outcome = "rejected" if traj is None else "accepted"
             if traj is not None:
                 check_trajectory(traj)
+                n = next(iter(traj.values())).shape[0]
+                traj[EPISODE_IDS_KEY] = torch.full((n,), serial, dtype=torch.long)
+                traj[DATA_EPOCHS_KEY] = torch.full((n,), item.epoch, dtype=torch.long)
         except asyncio.CancelledError:
             g.on_fail()
             with self._cond:
@@ -217,8 +246,16 @@ class WorkflowExecutor(DataloaderFeed):
             with self._cond:
                 self._end_locked(key)  # notifies the waiters
                 if item.group is None:  # a dataloader row: drawn again, or dropped and counted
-                    self._data.redraw(item.data, item.attempts, self.episode_retries)
-                self._finish_group_locked(item.group)
+                    self._data.redraw(item.data, item.attempts, self.episode_retries, item.epoch)
+                    self._finish_group_locked(item.group)
+                elif item.attempts < self.episode_retries:  # rollout_batch's: run it again
+                    item.attempts += 1
+                    self._data.redrawn += 1
+                    self._input.appendleft(item)
+                    self.gate.on_submit()
+                else:  # rollout_batch's, out of retries: the step goes on without it
+                    self._data.drop(item.data, item.attempts + 1, item.epoch, "failed")
+                    self._finish_group_locked(item.group)
         else:
             self._fail_streak = 0
             with self._cond:
@@ -226,8 +263,9 @@ class WorkflowExecutor(DataloaderFeed):
                 if traj is None:
                     g.on_reject()
                 else:
-                    self._results.append(
-                        _Result(traj, start_version, item.group, item.data, item.attempts))
+                    self._results.append(_Result(traj, start_version, item.group, item.data,
+                                                 item.attempts, item.epoch))
+                    self._note_generated(traj)
                     g.on_accept()
                 self._finish_group_locked(item.group)
                 self._cond.notify_all()
@@ -252,7 +290,7 @@ class WorkflowExecutor(DataloaderFeed):
 
     def submit(
         self, data: Any, workflow: RolloutWorkflow, timeout: float | None = None,
-        _group: int | None = None, _attempts: int = 0,
+        _group: int | None = None, _attempts: int = 0, _epoch: int = -1,
     ) -> None:
         """Queue one episode; blocks while the input queue is full (up to ``timeout``)."""
         if not isinstance(workflow, RolloutWorkflow):
@@ -270,7 +308,7 @@ class WorkflowExecutor(DataloaderFeed):
                         f"or raise queue_size. {self._describe()}"
                     )
                 self._cond.wait(min(left, 1.0))
-            self._input.append(_Pending(data, workflow, _group, _attempts, observed))
+            self._input.append(_Pending(data, workflow, _group, _attempts, observed, _epoch))
             self.gate.on_submit()
         self._lt.wake()
 
@@ -393,16 +431,44 @@ class WorkflowExecutor(DataloaderFeed):
                     logger.debug("dropped a trajectory started at version %d (stale)", r.start_version)
                     if r.group is None:  # its prompt is drawn again: stale costs time, not data
                         with self._cond:
-                            self._data.redraw(r.data, r.attempts, self.episode_retries)
+                            self._data.redraw(r.data, r.attempts, self.episode_retries, r.epoch,
+                                              "stale")
                 elif should_accept is not None and not should_accept(r.traj):
                     dropped += 1
                 else:
                     kept.append(r)
-                    self._tokens["trained_tokens"] += generated_tokens(r.traj)
             for _ in range(dropped):
                 self.gate.on_drop_accepted()
             self._lt.wake()  # room in the output bound (and in the budget, if dropped)
+        # counted once the batch is final: a call that times out puts what it took back, and
+        # counting at each take counted those again at the next call (prepare_batch retries
+        # every 0.5 s), inflating rollout/trained_tokens and so deflating
+        # rollout/untrained_token_share (found by the length-bias counters)
+        for r in kept:
+            self._tokens["trained_tokens"] += generated_tokens(r.traj)
+            lens = generated_lengths(r.traj)
+            self._seqs["trained_seqs"] += len(lens)
+            self._seqs["trained_gen_tokens"] += sum(lens)
         return kept
+
+    def _note_generated(self, traj: TensorDict) -> None:
+        """A finished trajectory's rows: generated lengths and rewards (call under ``_cond``)."""
+        lens = generated_lengths(traj)
+        if not lens:
+            return
+        rw = traj.get("rewards")
+        self._generated.append((lens, [] if rw is None else rw.reshape(-1).float().tolist()))
+        self._seqs["gen_seqs"] += len(lens)
+        self._seqs["gen_tokens"] += int(sum(lens))
+        if len(self._generated) > 4096:  # nobody takes them (a caller without the stats)
+            del self._generated[:2048]
+
+    def take_generated(self) -> tuple[list[int], list[float]]:
+        """Generated lengths and rewards of the trajectories finished since the previous call
+        (trained, dropped as stale or turned down alike): the length-bias stats' other side."""
+        with self._cond:
+            items, self._generated = self._generated, []
+        return [n for lens, _ in items for n in lens], [r for _, rw in items for r in rw]
 
     def _check_failing(self, kept: list[_Result]) -> None:
         """Raise when the last max(16, 4·B) episodes all failed (call under ``_cond``)."""
@@ -477,9 +543,34 @@ class WorkflowExecutor(DataloaderFeed):
             "submitted": s.submitted, "running": s.running, "accepted": s.accepted,
             "rejected": s.rejected, "failed": s.failed, "stale": self._stale,
             "redrawn": self._data.redrawn, "dropped": self._data.dropped,
+            **{f"dropped_{k}": n for k, n in sorted(self._data.dropped_by.items())},
+            "episodes": self._episodes,
             "pending": pending, "ready": ready, "capacity": self.gate.capacity(),
-            "version": self.gate.version, **self._tokens,
+            "version": self.gate.version, **self._tokens, **self._seqs,
         }
+
+    def counter_state(self) -> dict[str, int]:
+        """The counters a resumed run goes on from (saved with the data state): the episode
+        serial, stale drops and tokens by fate, and the gate's failed / rejected counts."""
+        s = self.gate.stat() if self.gate is not None else None
+        gate = {"failed": s.failed, "rejected": s.rejected} if s else dict(self._gate_counts)
+        return {"episodes": self._episodes, "stale": self._stale, **self._tokens, **self._seqs,
+                **gate}
+
+    def load_counter_state(self, state: dict[str, int]) -> None:
+        self._episodes = int(state.get("episodes", 0))
+        self._stale = int(state.get("stale", 0))
+        for d in (self._tokens, self._seqs):
+            for k in d:
+                d[k] = int(state.get(k, 0))
+        self._gate_counts = {k: int(state[k]) for k in ("failed", "rejected") if k in state}
+        if self.gate is not None:
+            self.gate.restore_counts(**self._gate_counts)
+
+    def take_dropped(self) -> list[dict[str, Any]]:
+        """Rows given up on since the previous call, with their reasons (for the ledger)."""
+        with self._cond:
+            return self._data.take_dropped()
 
     def idle_stats(self) -> dict[str, float]:
         """``rollout/idle_s``: wall time with no episode in flight (so the servers generate

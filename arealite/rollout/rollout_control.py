@@ -52,6 +52,18 @@ class RolloutControl(InferenceEngine):
     def load_data_state(self, state: dict[str, Any]) -> None:
         self.executor.load_data_state(state)
 
+    def take_dropped(self) -> list[dict[str, Any]]:
+        """Rows given up on since the previous call, with their reasons (the run's ledger)."""
+        return self.executor.take_dropped()
+
+    def inflight_tagged(self) -> list[tuple[Any, int]]:
+        """``prepare_batch``'s rows drawn and not trained, as ``(row, epoch)``."""
+        return self.executor.inflight_tagged()
+
+    def take_generated(self) -> tuple[list[int], list[float]]:
+        """Generated lengths and rewards since the previous call (``observe/length_bias.py``)."""
+        return self.executor.take_generated()
+
     def idle_stats(self) -> dict[str, float]:
         """The executor's idle time and ratio since the previous call (see ``WorkflowExecutor``)."""
         return self.executor.idle_stats()

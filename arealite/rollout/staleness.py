@@ -115,6 +115,12 @@ class StalenessManager:
             consumed = self._clock.value * self.batch_size
             self._stat = RolloutStat(submitted=consumed, accepted=consumed)
 
+    def restore_counts(self, failed: int = 0, rejected: int = 0) -> None:
+        """After ``on_version_recovered``: the failed and rejected episodes of the run so far
+        (they hold no place in the budget; restored so the counters go on, not restart)."""
+        with self._lock:
+            self._stat.failed, self._stat.rejected = int(failed), int(rejected)
+
     def on_submit(self) -> None:
         with self._lock:
             self._stat.submitted += 1

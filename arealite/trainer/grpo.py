@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         # save, evaluate, log, recovery checkpoint; True once the time budget is used up
         if run.after_step(engines, step, batch, stats):
             break
-    run.close()
+    run.close(engines)
     engines.destroy()
     return 0
 

@@ -77,14 +77,18 @@ class RLEngines:
 
     def data_state(self) -> dict[str, Any]:
         """The data position beyond the loader's: the epoch and, in async mode, the rows in
-        flight (the loader is past them)."""
-        return self.rollout.data_state() if self.config.async_training else self.cycle.state_dict()
+        flight (the loader is past them); in sync mode the walk's, with the executor's drops
+        and counters beside it (``executor``)."""
+        if self.config.async_training:
+            return self.rollout.data_state()
+        return {**self.cycle.state_dict(), "executor": self.rollout.data_state()}
 
     def load_data_state(self, state: dict[str, Any]) -> None:
         if self.config.async_training:
             self.rollout.load_data_state(state)
         else:
             self.cycle.load_state_dict(state)
+            self.rollout.load_data_state(state.get("executor", {}))
 
     def start(self) -> None:
         """The clients connect to their servers (after a restore: it sets their version)."""

@@ -74,7 +74,9 @@ class RLRun:
         stats["timeperf/train_elapsed"] = self.clock.elapsed()
         stats.update(stats_tracker.export())
         stats.update(batch_rollout_stats(batch, e.rollout, version, time.perf_counter() - self.t0 - eval_secs))
-        self.ids_log.record(step + 1, batch.get("sample_ids"))
+        # the ledger line: rows, episodes and drops of this step (before its checkpoint)
+        self.ids_log.record(step + 1, batch.get("sample_ids"), batch, e.rollout.take_dropped(),
+                            version, None if e.config.async_training else e.cycle.epoch)
         self.logger.commit(step + 1, stats)
         every = config.stats_logger.samples_every
         if every and ((step + 1) % every == 0 or step == 0):  # on by default: see the replies
@@ -97,7 +99,9 @@ class RLRun:
         rec.save_checkpoint(rec.recover_root(self.config), info,
                             lambda d: e.actor.save(SaveLoadMeta(str(d), "dcp", with_optim=True)))
 
-    def close(self) -> None:
+    def close(self, e: RLEngines | None = None) -> None:
+        if e is not None:  # the ledger's end: rows drawn and still in flight
+            self.ids_log.record_end(e.rollout.inflight_tagged() if e.config.async_training else [])
         self.logger.close()
         self.observers.close()
 

@@ -11,7 +11,10 @@ Layout under ``{cluster.fileroot}/{experiment_name}/{trial_name}/recover/``::
 
 A checkpoint is written into a temporary directory and renamed only after every rank has
 finished writing and the marker is on disk, so a crash mid-save leaves at worst a ``.tmp-``
-directory that ``find_latest`` ignores and the next save removes.
+directory that ``find_latest`` ignores and the next save removes. Saving a step that already
+has a checkpoint moves the old one aside as ``.old-stepN`` first; a crash between the two renames
+leaves that complete copy, which ``list_checkpoints`` still finds (so an interrupted save never
+takes the last good checkpoint away), and the next save removes it.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ MARKER = "checkpoint_complete.json"
 INFO_FILE = "recover_info.pkl"
 WEIGHTS_DIR = "weights"
 FORMAT_VERSION = 1
-_NAME = re.compile(r"^step(\d+)$")
+_NAME = re.compile(r"^(?:\.old-)?step(\d+)$")  # a complete checkpoint, or one moved aside
 
 
 @dataclass
@@ -161,8 +164,9 @@ def _prune(root: Path, keep: int) -> None:
     complete = list_checkpoints(root)
     for d in complete[:-keep]:
         shutil.rmtree(d, ignore_errors=True)
-    for d in root.glob(".tmp-step*"):  # saves cut by an earlier crash
-        shutil.rmtree(d, ignore_errors=True)
+    for d in [*root.glob(".tmp-step*"), *root.glob(".old-step*")]:  # left by an earlier crash
+        if d not in complete[-keep:]:
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def is_complete(ckpt_dir: str | os.PathLike) -> bool:
@@ -171,12 +175,18 @@ def is_complete(ckpt_dir: str | os.PathLike) -> bool:
 
 
 def list_checkpoints(root: str | os.PathLike) -> list[Path]:
-    """Complete checkpoints under ``root``, oldest first."""
+    """Complete checkpoints under ``root``, oldest first (a step's ``.old-`` copy only where a
+    crash left no ``stepN`` beside it)."""
     root = Path(root)
     if not root.is_dir():
         return []
-    found = [d for d in root.iterdir() if d.is_dir() and is_complete(d)]
-    return sorted(found, key=lambda d: int(_NAME.match(d.name).group(1)))
+    by_step: dict[int, Path] = {}
+    for d in root.iterdir():
+        if d.is_dir() and is_complete(d):
+            step = int(_NAME.match(d.name).group(1))
+            if step not in by_step or not d.name.startswith("."):
+                by_step[step] = d
+    return [by_step[s] for s in sorted(by_step)]
 
 
 def find_latest(root: str | os.PathLike) -> Path | None:

@@ -40,6 +40,10 @@ from arealite.weights.transport import WeightTransport
 logger = logging.getLogger("arealite.weights.fanout")
 
 
+# SGLang's answer to /begin_weight_update while a session is open (our servers give the same)
+STALE_SESSION = "a weight-update session is already open"
+
+
 @dataclass
 class GroupLayout:
     world_size: int
@@ -231,10 +235,30 @@ class WeightSync:
     async def _transfer(self, session, paused, meta, failed, timeout, begun, transport):
         alive = paused
         if self.protocol.update_session_paths:
-            alive = await self.fan_out(session, paused, self.protocol.update_session_paths[0], {},
-                                       failed, timeout, tolerate_404=True)
+            alive = await self._begin(session, paused, failed, timeout)
         begun.extend(alive)
         return await transport.transfer(self, session, alive, meta, failed, timeout)
+
+    async def _begin(self, session, addrs, failed, timeout) -> list[str]:
+        """``/begin_weight_update`` on every server. A server that still holds a session was
+        left inside an update by a trainer that died there (SIGKILL mid-push; this client is
+        the only one that updates these servers): that session is ended (its staged tensors
+        dropped, the old weights serving) and a new one begun, instead of failing every update
+        of every restarted trainer until the servers are restarted."""
+        begin, end = self.protocol.update_session_paths
+        first: dict[str, str] = {}
+        alive = await self.fan_out(session, addrs, begin, {}, first, timeout, tolerate_404=True)
+        stale = [a for a, r in first.items() if STALE_SESSION in r]
+        for a, r in first.items():
+            if a not in stale:
+                failed.setdefault(a, r)
+        if stale:
+            logger.warning("weight update: %s still held the session of an update that never "
+                           "ended (its trainer died inside it); ending it first", stale)
+            closed = await self.fan_out(session, stale, end, {}, failed, timeout, tolerate_404=True)
+            alive += await self.fan_out(session, closed, begin, {}, failed, timeout,
+                                        tolerate_404=True)
+        return alive
 
     def disk_calls(self, meta: WeightUpdateMeta, abort_all: bool = False) -> list:
         """The backend's reload of ``meta.path``; a model it cannot reload in place raises

@@ -57,6 +57,9 @@ PANELS: list[tuple[str, str, bool, list[tuple[str, str]]]] = [
         ("token usage {{instance}}", "max by (instance) (sglang:token_usage)"),
         ("gen tok/s {{instance}}", "max by (instance) (sglang:gen_throughput)"),
     ]),
+    ("Length bias: trained / generated (1 = none); KS distance (0 = none)", "short", False, [
+        ("{{stat}}", "avg by (stat) (arealite_trainer_length_bias{stat=~\"mean_ratio|p90_ratio|run_mean_ratio|ks\"})"),
+    ]),
     ("Server-trainer consistency gate (worst server; thresholds: weight_update.consistency)", "short", False, [
         ("KL(server||trainer) top-k+tail, mean", "max(arealite_trainer_consistency{figure=\"kl_mean\"})"),
         ("argmax differs (share)", "max(arealite_trainer_consistency{figure=\"argmax_mismatch\"})"),

@@ -33,7 +33,8 @@ def test_a_step_becomes_metrics():
     rollout = SimpleNamespace(last_weight_update=SimpleNamespace(version=1, seconds=0.25))
     stats = {"timeperf/step": 2.0, "timeperf/update": 1.5, "timeperf/train_elapsed": 9.0,
              "rollout/idle_s": 0.5, "perf/tokens_per_sec": 100.0, "reward": 0.75,
-             "staleness/avg": 0.5, "staleness/max": 1, "staleness/hist_0": 0.5, "staleness/hist_1": 0.5}
+             "staleness/avg": 0.5, "staleness/max": 1, "staleness/hist_0": 0.5, "staleness/hist_1": 0.5,
+             "length_bias/mean_ratio": 0.96, "length_bias/ks": 0.1, "length_bias/gen_mean_len": 9.0}
     m.record_step(1, 1, stats, rollout)
     m.record_step(2, 2, {**stats, "staleness/hist_1": 0.0, "eval/accuracy": 0.9,
                          "consistency/kl_mean": 0.03, "consistency/servers_failed": 1.0}, rollout)  # stale report
@@ -51,6 +52,9 @@ def test_a_step_becomes_metrics():
     assert s[("arealite_weight_update_seconds_count", ())] == 1
     assert s[("arealite_client_inflight_requests", (("server", "h:1"),))] == 3
     assert s[("arealite_client_served_requests_total", (("server", "h:1"),))] == 7
+    assert s[("arealite_trainer_length_bias", (("stat", "mean_ratio"),))] == 0.96
+    assert s[("arealite_trainer_length_bias", (("stat", "ks"),))] == 0.1
+    assert ("arealite_trainer_length_bias", (("stat", "gen_mean_len"),)) not in s  # a length
 
 
 def test_off_by_default_and_a_taken_port_is_a_clear_error():

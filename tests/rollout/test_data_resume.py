@@ -56,7 +56,9 @@ def test_replayed_rows_come_first_in_loader_sized_chunks():
     dc.load_state_dict({"epoch": 1, "replay": [{"id": 100 + i} for i in range(6)]})
     assert dc.replay_rows() == [{"id": 100 + i} for i in range(6)]
     assert ids(dc.next_rows(dl)) == [100, 101, 102, 103]
-    assert dc.state_dict([{"id": 50}]) == {"epoch": 1, "replay": [{"id": 50}, {"id": 104}, {"id": 105}]}
+    state = dc.state_dict([({"id": 50}, 2, 0)])  # an in-flight row of epoch 0, 2 attempts made
+    assert state["epoch"] == 1 and state["replay"] == [{"id": 50}, {"id": 104}, {"id": 105}]
+    assert state["replay_tags"] == [[2, 0], [0, 1], [0, 1]]  # a plain replayed row: the epoch's
     assert ids(dc.next_rows(dl)) == [104, 105]
     dl.sampler.set_epoch(1)
     assert ids(dc.next_rows(dl)) == ids(next(iter(dl)))  # then epoch 1 of the loader

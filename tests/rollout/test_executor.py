@@ -120,7 +120,11 @@ def test_wait_concatenates_pads_and_times_out_without_losing(executors):
     with pytest.raises(RolloutTimeout, match="accepted=3"):
         ex.wait(4, timeout=0.5)
     out = ex.wait(3, timeout=5)  # the three taken by the timed-out call came back
-    assert set(out) == {"input_ids", "attention_mask", "versions", "rewards"}
+    # the workflow's keys, and the two the executor stamps (the ledger's)
+    assert set(out) == {"input_ids", "attention_mask", "versions", "rewards", "episode_ids",
+                        "data_epochs"}
+    assert sorted(out["episode_ids"].tolist()) == [0, 1, 2]  # one serial per episode
+    assert out["data_epochs"].tolist() == [-1, -1, -1]  # submitted directly: no dataloader
     assert out["input_ids"].shape == (3, 3)
     assert sorted(out["rewards"].tolist()) == [0.0, 1.0, 2.0]
     row0 = out["rewards"].tolist().index(0.0)
@@ -319,10 +323,18 @@ def test_data_state_keeps_rows_waiting_to_be_drawn_again():
     from arealite.rollout.data_cycle import DataCycle
 
     cycle = DataCycle()
-    cycle.redraw({"id": 3}, attempts=0, limit=2)
-    cycle.redraw({"id": 4}, attempts=2, limit=2)  # out of attempts: dropped, not kept
-    assert cycle.state_dict(inflight=[{"id": 9}])["replay"] == [{"id": 9}, {"id": 3}]
-    assert (cycle.redrawn, cycle.dropped) == (1, 1)
+    cycle.redraw({"id": 3}, attempts=0, limit=2, epoch=1)
+    cycle.redraw({"id": 4}, attempts=2, limit=2, epoch=1, reason="stale")  # out of attempts
+    state = cycle.state_dict(inflight=[({"id": 9}, 0, 2)])
+    assert state["replay"] == [{"id": 9}, {"id": 3}]
+    assert state["replay_tags"] == [[0, 2], [1, 1]]  # (attempts, epoch) kept for the replay
+    assert (cycle.redrawn, cycle.dropped, dict(cycle.dropped_by)) == (1, 1, {"stale": 1})
+    # the drop waits for the ledger in the saved state, and the counters go on after a restore
+    assert state["drops"] == [{"id": 4, "epoch": 1, "reason": "stale", "attempts": 3}]
+    again = DataCycle()
+    again.load_state_dict(state)
+    assert (again.redrawn, again.dropped) == (1, 1) and again.take_dropped() == state["drops"]
+    assert again.take_dropped() == []
 
 
 def test_stale_drops_are_counted_and_logged_at_debug_only(executors, caplog):
@@ -338,6 +350,56 @@ def test_stale_drops_are_counted_and_logged_at_debug_only(executors, caplog):
             ex.wait(2, timeout=0.3)
     assert ex.counters()["stale"] == 2
     assert not [r for r in caplog.records if "stale" in r.getMessage()]
+
+
+class LenWorkflow(EchoWorkflow):
+    """EchoWorkflow with a loss mask: 1 + id % 3 generated tokens."""
+
+    async def arun_episode(self, engine, data):
+        traj = await super().arun_episode(engine, data)
+        traj["loss_mask"] = traj["attention_mask"].clone()
+        return traj
+
+
+def test_generated_side_of_the_length_bias_counts_stale_drops_too(executors):
+    """#35: what was generated (stale drops included) against what was trained."""
+    ex = executors(b=4, eta=0)
+    wf = LenWorkflow()
+    for i in range(4):
+        ex.submit({"id": i}, wf)
+    settle(ex, lambda c: c["accepted"] == 4)
+    ex.set_version(1)  # all four are stale now: generated, never trained
+    with pytest.raises(RolloutTimeout):
+        ex.wait(1, timeout=0.3)
+    lens, rewards = ex.take_generated()
+    assert sorted(lens) == [1, 1, 2, 3] and sorted(rewards) == [0.0, 1.0, 2.0, 3.0]
+    for i in (4, 5):
+        ex.submit({"id": i}, wf)
+    out = ex.wait(2, timeout=5)
+    assert sorted(ex.take_generated()[0]) == [2, 3] and ex.take_generated() == ([], [])
+    c = ex.counters()
+    assert (c["gen_seqs"], c["gen_tokens"], c["trained_seqs"], c["trained_gen_tokens"]) == (6, 12, 2, 5)
+    assert c["trained_tokens"] == int(out["loss_mask"].sum())
+
+
+def test_a_batch_put_back_after_a_timeout_is_counted_trained_once(executors):
+    """prepare_batch retries _collect every 0.5 s and a timed-out take goes back to the queue:
+    its trajectories were counted as trained at every take (rollout/trained_tokens ran ahead of
+    what was generated). Counted once, when the batch is returned."""
+    ex = executors(b=4, eta=4)
+    wf = LenWorkflow()
+    for i in range(3):
+        ex.submit({"id": i}, wf)
+    settle(ex, lambda c: c["accepted"] == 3)
+    for _ in range(3):  # three takes of three that time out and put them back
+        with pytest.raises(RolloutTimeout):
+            ex.wait(4, timeout=0.1)
+    assert ex.counters()["trained_seqs"] == 0
+    ex.submit({"id": 3}, wf)
+    ex.wait(4, timeout=5)
+    c = ex.counters()
+    assert (c["trained_seqs"], c["gen_seqs"]) == (4, 4)
+    assert c["trained_tokens"] == c["gen_tokens"] == 1 + 2 + 3 + 1
 
 
 def test_drain_lets_running_episodes_finish_and_starts_no_new_one(executors):

@@ -324,6 +324,37 @@ def control_calls(s: ScriptedServer) -> list[str]:
     return [p for p in s.paths() if p not in ("/health", "/generate", "/model_info", "/server_info")]
 
 
+def test_update_ends_a_session_a_dead_trainer_left_open(servers, engines, tmp_path):
+    """A trainer SIGKILLed inside an update leaves its servers in a weight-update session
+    (found by benchmarks/studies/exactly_once.py): every restarted trainer's update then failed
+    at /begin_weight_update until the servers were restarted. The client ends that session
+    and begins its own."""
+    a, b = servers(2)
+    opened = {"a": True}
+
+    def begin(body):
+        if opened["a"]:
+            return 400, {"success": False, "message": "a weight-update session is already open; "
+                         "call end_weight_update() first"}
+        opened["a"] = True
+        return 200, {"success": True, "message": "Success"}
+
+    def end(body):
+        opened["a"] = False
+        return 200, {"success": True, "message": "Success"}
+
+    a.on_control["/begin_weight_update"], a.on_control["/end_weight_update"] = begin, end
+    eng = engines([a, b])
+    meta = WeightUpdateMeta(type="disk", version=1, path=str(tmp_path))
+    meta.write_disk_marker()
+    assert eng.update_weights(meta).result(10) is None
+    assert sorted(eng.last_weight_update.updated) == sorted([a.addr, b.addr])
+    assert control_calls(a) == ["/pause_generation", "/begin_weight_update", "/end_weight_update",
+                                "/begin_weight_update", "/update_weights_from_disk",
+                                "/end_weight_update", "/continue_generation"]
+    assert control_calls(b)[1:3] == ["/begin_weight_update", "/update_weights_from_disk"]
+
+
 def test_disk_update_sequence_waits_for_marker(servers, engines, tmp_path):
     a, b = servers(2)
     b.begin_404 = True  # an older server without weight-update sessions

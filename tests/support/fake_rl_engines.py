@@ -55,6 +55,12 @@ class FakeRollout:
     def idle_stats(self) -> dict[str, float]:
         return {"rollout/idle_ratio": 0.5}
 
+    def take_dropped(self) -> list[dict]:  # the ledger's drops: none here
+        return []
+
+    def inflight_tagged(self) -> list[tuple]:
+        return [({"id": 7}, 1)]
+
     def prepare_batch(self, loader: Any, workflow: Any, should_accept: Any = None) -> dict:
         self._call("prepare_batch", should_accept)
         return trajectories()

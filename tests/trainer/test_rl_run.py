@@ -97,12 +97,18 @@ def test_recovery_restores_every_field_of_the_checkpoint(tmp_path):
     ckpt = str(rec.weights_dir(rec.find_latest(rec.recover_root(config))))
     # weights and optimizer, the version before the clients start, then the servers get the
     # checkpoint's weights (they may hold others after a crash); no initial evaluation
-    assert calls == [("actor", "load", "dcp", ckpt), ("rollout", "restore", 4),
+    # (sync mode: the executor's drops and counters are saved beside the walk's state)
+    assert calls == [("actor", "load", "dcp", ckpt),
+                     ("rollout", "load_data_state", {"epoch": 1, "replay": [["in flight"]]}),
+                     ("rollout", "restore", 4),
                      ("rollout", "initialize"), ("eval", "initialize"),
                      ("rollout", "update_weights", 4), ("actor", "upload_weights", 4),
                      ("rollout", "set_version", 4)]
     assert again.loader.state_dict() == saved.dataloader_state == {"pos": 8}
-    assert again.cycle.state_dict() == saved.extra["data"] == {"epoch": 1, "replay": [{"id": 99}]}
+    data = dict(saved.extra["data"])
+    assert data.pop("executor") == {"epoch": 1, "replay": [["in flight"]]}
+    assert again.cycle.state_dict() == data and data["replay"] == [{"id": 99}]
+    assert data["epoch"] == 1 and data["replay_tags"] == [[0, 1]]
     for name in ("saver", "evaluator", "checkpointer"):
         state, restored = getattr(saved, f"{name}_state"), getattr(resumed, name).state_dict()
         assert _counters(restored) == _counters(state)

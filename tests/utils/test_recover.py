@@ -92,6 +92,31 @@ def test_keep_and_resave_same_step(tmp_path):
     assert load_recover_info(find_latest(root)).extra == {"again": True}
 
 
+def test_resave_cut_between_its_renames_keeps_the_old_copy(tmp_path, monkeypatch):
+    """Saving a step again moves the old copy aside, then renames the new one in: a crash
+    between the two must not leave the run with no checkpoint (keep=1 pruned the others)."""
+    import arealite.utils.recover as rec
+
+    root = tmp_path / "recover"
+    save_checkpoint(root, _info(3, extra={"first": True}), _write_weights)
+    real_replace, calls = os.replace, []
+
+    def crash_after_moving_aside(src, dst):
+        calls.append(Path(dst).name)
+        real_replace(src, dst)
+        if Path(dst).name.startswith(".old-"):
+            raise KeyboardInterrupt("killed between the renames")
+
+    monkeypatch.setattr(rec.os, "replace", crash_after_moving_aside)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(root, _info(3, extra={"again": True}), _write_weights)
+    monkeypatch.setattr(rec.os, "replace", real_replace)
+    assert ".old-step00000003" in calls and not (root / "step00000003").exists()
+    assert load_recover_info(find_latest(root)).extra == {"first": True}  # the old copy
+    save_checkpoint(root, _info(4), _write_weights)  # the next save cleans it up
+    assert sorted(p.name for p in root.iterdir()) == ["step00000004"]
+
+
 def test_incomplete_directory_is_ignored(tmp_path):
     root = tmp_path / "recover"
     ckpt = save_checkpoint(root, _info(4), _write_weights)
