@@ -63,9 +63,13 @@ def ensure_sft(sft_model: Path, sft_cmd: list[str], label: str = "SFT warm start
     # a trial of its own: `arealite train <sft config>` by hand runs in the config's trial and
     # writes its model there, never over the warm start the RL runs load; one trial per assets
     # folder (the MoE twin's warm start is another run than the main job's)
-    assets = sft_model.parent.name
-    trial = WARM_START_TRIAL if assets == "assets" else f"{WARM_START_TRIAL}-{assets}"
+    trial = warm_start_trial(sft_model.parent.name)
     return launch([sft_cmd[0], f"trial_name={trial}", *sft_cmd[1:], f"output_dir={sft_model}"])
+
+
+def warm_start_trial(assets_dir: str) -> str:
+    """The trial the SFT warm start of the assets folder ``assets_dir`` runs in."""
+    return WARM_START_TRIAL if assets_dir == "assets" else f"{WARM_START_TRIAL}-{assets_dir}"
 
 
 def ensure_sft_model(assets: Path, fileroot: str | Path, sft_model: Path | None = None) -> int:

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from arealite.demo.main_job import warm_start_trial
 from arealite.observe.stats_logger import read_metrics
 from tests.support.procs import log_tail, spawn
 
@@ -39,7 +40,8 @@ def test_short_agent_job(tmp_path):
         assert proc.poll() == 0, f"agent job failed or timed out:\n{log_tail(log, 60)}"
         out = log_tail(log, 12)
 
-    sft = [r for r in read_metrics(tmp_path / "toy-agent-sft" / "main" / "logs" / "metrics.jsonl")
+    sft = [r for r in read_metrics(
+        tmp_path / "toy-agent-sft" / warm_start_trial("agent_assets") / "logs" / "metrics.jsonl")
            if "valid/accuracy" in r]
     assert sft[-1]["valid/accuracy"] >= SFT_STOP and sft[-1]["step"] < 160, sft[-1]
     assert (tmp_path / "agent_assets" / "sft_model" / "config.json").is_file()

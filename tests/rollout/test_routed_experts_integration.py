@@ -44,7 +44,7 @@ def test_routed_experts_survive_pauses_groups_and_joins(tiny_moe_dir):
     ) as addr:
         eng = make_engine([addr])
         try:
-            n = 120
+            n = 400  # long enough that the pause finds every request still running
             reqs = [
                 request(f"s{i}", n, prompt=[5, 6, 7 + i], return_routed_experts=True)
                 for i in range(2)
@@ -54,8 +54,14 @@ def test_routed_experts_survive_pauses_groups_and_joins(tiny_moe_dir):
             ]
             first_segment = next(eng._segment_ids)
             fut = start_all(eng, reqs, group=3)
-            time.sleep(0.5)
             url = f"http://{addr}"
+            # pause once the server is generating (not after a fixed sleep: on a quiet machine
+            # the requests could end first, on a loaded one not have started)
+            deadline = time.monotonic() + 120
+            while requests.get(f"{url}/get_load", timeout=30).json()[0]["num_reqs"] < 1:
+                assert time.monotonic() < deadline, "the requests never started"
+                time.sleep(0.05)
+            time.sleep(0.2)
             assert requests.post(f"{url}/pause_generation", json={"mode": "abort"}, timeout=30).ok
             time.sleep(0.3)
             assert requests.post(f"{url}/continue_generation", json={}, timeout=30).ok
