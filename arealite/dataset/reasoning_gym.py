@@ -5,8 +5,10 @@ built offline and deterministically from task names, weights, sizes, each task's
 Rows are JSONL-ready dicts read by ``arealite.dataset.loader`` like any dataset:
 ``{"id", "task", "task_config", "question", "answer", "metadata", "messages"}``. ``messages`` is
 the prompt: reasoning-gym's own system prompt (``SYSTEM_PROMPTS[system_prompt]``, which says
-how to give the answer) and the task's question (which carries the task's own instructions); the
-workflow renders it through the model's chat template. ``workflows.rewards.reasoning_gym``
+how to give the answer), the task's question (which carries the task's own instructions) and,
+with ``answer_prefix``, the start of the assistant's turn (``"<answer>"``: a small model that
+ignores the instruction is put where the answer goes); the workflow renders it through the
+model's chat template. ``workflows.rewards.reasoning_gym``
 scores a completion with the task's own ``score_answer`` from ``task``, ``task_config``,
 ``answer`` and ``metadata``.
 
@@ -157,9 +159,11 @@ def build_rows(
     split: str = "train",
     system_prompt: str = "default",
     avoid: set[str] | None = None,
+    answer_prefix: str = "",
 ) -> list[dict[str, Any]]:
     """``n`` rows of one split, in a seeded shuffled order. ``avoid``: questions to leave out
-    (the held-out questions when building train)."""
+    (the held-out questions when building train). ``answer_prefix`` (e.g. ``"<answer>"``): the
+    assistant turn starts with it, and the model continues from there (a prefill)."""
     from reasoning_gym.utils import SYSTEM_PROMPTS
 
     if split not in SPLITS:
@@ -179,6 +183,11 @@ def build_rows(
                     "messages": [
                         {"role": "system", "content": SYSTEM_PROMPTS[system_prompt]},
                         {"role": "user", "content": e["question"]},
+                        *(
+                            [{"role": "assistant", "content": answer_prefix}]
+                            if answer_prefix
+                            else []
+                        ),
                     ],
                 }
             )
@@ -193,13 +202,20 @@ def write_reasoning_gym(
     n_valid: int = 200,
     seed: int = 0,
     system_prompt: str = "default",
+    answer_prefix: str = "",
 ) -> dict[str, Path]:
     """Write ``valid.jsonl`` and ``train.jsonl`` (no question in both) into ``out_dir``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    valid = build_rows(tasks, n_valid, seed, "valid", system_prompt)
+    valid = build_rows(tasks, n_valid, seed, "valid", system_prompt, answer_prefix=answer_prefix)
     train = build_rows(
-        tasks, n_train, seed, "train", system_prompt, avoid={r["question"] for r in valid}
+        tasks,
+        n_train,
+        seed,
+        "train",
+        system_prompt,
+        avoid={r["question"] for r in valid},
+        answer_prefix=answer_prefix,
     )
     paths = {}
     for split, rows in (("train", train), ("valid", valid)):

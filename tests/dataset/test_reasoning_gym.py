@@ -65,3 +65,17 @@ def test_rows_carry_the_tasks_prompt_and_config():
         build_rows([TaskSpec("chain_sum", 1.0, {"no_such_knob": 1})], 1)
     with pytest.raises(ValueError, match="system_prompt"):
         build_rows([TaskSpec("chain_sum")], 1, system_prompt="nope")
+
+
+def test_a_prefilled_prompt_continues_the_assistant_turn(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    from workflows.prompting import encode_prompt
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    (row,) = build_rows([TaskSpec("gcd")], 1, seed=0, split="valid", answer_prefix="<answer>")
+    ids, text = encode_prompt(tok, row)
+    assert text.endswith("<answer>")  # continued, no end-of-turn after it
+    (plain,) = build_rows([TaskSpec("gcd")], 1, seed=0, split="valid")
+    _, plain_text = encode_prompt(tok, plain)
+    assert text.startswith(plain_text)  # the generation prompt, then the prefix

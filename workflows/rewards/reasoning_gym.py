@@ -4,7 +4,10 @@ The answer is reasoning-gym's own extraction (``reasoning_gym.utils.extract_answ
 ``<answer>...</answer>``, which the rows' system prompt asks for); the score is the task's own
 ``score_answer(answer, entry)``, in [0, 1] (some tasks give partial credit). A completion with
 no answer tag is given ``None`` (most verifiers score it 0) unless ``untagged="whole"``, which
-passes the whole stripped completion instead (for models that answer without the tag).
+passes the whole stripped completion instead (for models that answer without the tag). When the
+row's prompt ends with a prefilled assistant turn (``answer_prefix="<answer>"`` in
+``arealite.dataset.reasoning_gym``), the reply is that prefix followed by the completion; an
+untagged reply's answer is then the completion (``"7</answer>"`` -> ``7``, ``" 7"`` -> ``7``).
 
 It is not inline: it runs in the reward pool, so a verifier that raises or hangs fails the call
 (the episode is rejected and counted), never scores 0 silently. Each worker builds a task's
@@ -31,13 +34,14 @@ def _verifier(task: str, config_json: str):
     ).score_answer
 
 
-def extract(completion: str, untagged: str = "none") -> str | None:
-    """The answer a reasoning-gym verifier is given for ``completion``."""
+def extract(completion: str, untagged: str = "none", prefix: str = "") -> str | None:
+    """The answer a reasoning-gym verifier is given for ``completion``, which continues
+    ``prefix`` (the prompt's prefilled start of the reply, e.g. ``"<answer>"``)."""
     from reasoning_gym.utils import extract_answer
 
     if untagged not in UNTAGGED:
         raise ValueError(f"untagged must be one of {UNTAGGED}, not {untagged!r}")
-    ans = extract_answer(completion or "")
+    ans = extract_answer(prefix + (completion or ""))
     if ans is None and untagged == "whole":
         ans = (completion or "").strip() or None
     return ans
@@ -54,6 +58,7 @@ def reasoning_gym_reward(
     answer: Any = None,
     metadata: dict[str, Any] | None = None,
     task_config: dict[str, Any] | None = None,
+    messages: list[dict[str, Any]] | None = None,
     untagged: str = "none",
     **row: Any,
 ) -> float:
@@ -64,4 +69,6 @@ def reasoning_gym_reward(
         )
     score = _verifier(task, json.dumps(task_config or {}, sort_keys=True))
     entry = {"question": question, "answer": answer, "metadata": metadata or {}}
-    return float(score(extract(completion, untagged), entry))
+    # a prompt that ends with an assistant turn was continued: the reply starts with its text
+    prefix = messages[-1]["content"] if messages and messages[-1].get("role") == "assistant" else ""
+    return float(score(extract(completion, untagged, prefix), entry))

@@ -54,3 +54,14 @@ def test_a_raising_verifier_rejects_the_episode_and_is_counted():
             )
         )
     assert reward_stats()["errors"] == before + 1
+
+
+def test_a_prefilled_reply_is_scored_from_the_prefix_on():
+    (row,) = build_rows([TaskSpec("chain_sum")], 1, seed=2, split="valid", answer_prefix="<answer>")
+    assert row["messages"][-1] == {"role": "assistant", "content": "<answer>"}
+    gold = row["answer"]
+    assert reasoning_gym_reward("", f"{gold}</answer>", **row) == 1.0
+    assert reasoning_gym_reward("", f" {gold}", **row) == 0.0  # unclosed: no answer...
+    assert reasoning_gym_reward("", f" {gold}", untagged="whole", **row) == 1.0  # ...unless whole
+    partial = reasoning_gym_reward("", f"1 + 1 = {gold}", untagged="whole", **row)
+    assert 0.0 < partial < 1.0  # the task's own partial credit
