@@ -10,6 +10,14 @@ side in one run, each with one torch compute thread:
   3. transformers ``generate`` on one static left-padded batch of all N requests (runs to the
      longest request; only each request's own tokens count).
 Prints tokens/s for each and the ratios server/one-at-a-time and server/static-batch.
+
+The real-model job's own requests instead of random ones (docs/real_model.md): ``--rows`` its
+held-out or train JSONL, rendered as the job's workflow renders them
+(``workflows.prompting.encode_prompt``), each prompt ``--group`` times (its GRPO group), every
+request ``--max-new-tokens`` long:
+
+    python -m benchmarks.micro.server_throughput --model-path outputs/assets/smollm2 \
+        --rows outputs/assets/rg/<hash>/train.jsonl --group 8 --n 64 --max-new-tokens 24
 """
 
 from __future__ import annotations
@@ -35,6 +43,20 @@ def workload(n: int, vocab: int, seed: int, max_len: int) -> list[tuple[list[int
         new = int(min(max_len, 8 + 10 * rng.paretovariate(1.2)))
         reqs.append((prompt, new))
     return reqs
+
+
+def job_workload(rows_path: str, model_path: str, n: int, group: int,
+                 new: int) -> list[tuple[list[int], int]]:
+    """``n`` requests of the job: ``n // group`` rows' prompts, each ``group`` times."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    from workflows.prompting import encode_prompt
+
+    tok = AutoTokenizer.from_pretrained(model_path)
+    lines = [ln for ln in open(rows_path).read().splitlines() if ln.strip()][: max(1, n // group)]
+    return [(encode_prompt(tok, json.loads(ln))[0], new) for ln in lines for _ in range(group)]
 
 
 def _sample_kwargs(new: int, pad_id: int) -> dict:
@@ -80,6 +102,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="32 requests, shorter tail, two rounds")
+    p.add_argument("--rows", default=None, help="the job's rows (JSONL): its prompts, not random ones")
+    p.add_argument("--group", type=int, default=8, help="with --rows: requests per prompt")
     args = p.parse_args(argv)
     if args.quick:
         args.n, args.max_new_tokens, args.rounds = 32, 128, 2
@@ -96,7 +120,10 @@ def main(argv: list[str] | None = None) -> None:
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
     vocab = model.config.vocab_size
     pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
-    reqs = workload(args.n, vocab, args.seed, args.max_new_tokens)
+    if args.rows:
+        reqs = job_workload(args.rows, model_path, args.n, args.group, args.max_new_tokens)
+    else:
+        reqs = workload(args.n, vocab, args.seed, args.max_new_tokens)
     lens = sorted(m for _, m in reqs)
     print(f"model={model_path} requests={len(reqs)} new_tokens total={sum(lens)} "
           f"median={lens[len(lens) // 2]} max={lens[-1]} threads=1", flush=True)

@@ -20,6 +20,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration]
 pytest.importorskip("reasoning_gym")
 
 
+@pytest.mark.timeout(900)  # a loaded 2-core machine: the server and the trainer each load 135M
 def test_one_grpo_step_on_reasoning_gym_pushes_weights_and_checkpoints(tmp_path, smollm2_dir):
     import torch
     from safetensors.torch import load_file
@@ -57,7 +58,7 @@ def test_one_grpo_step_on_reasoning_gym_pushes_weights_and_checkpoints(tmp_path,
             f"rollout.server_addrs=[{addr}]",
         ]
         with spawn(cmd) as (proc, log):
-            code = wait_exit(proc, log, 300)
+            code = wait_exit(proc, log, 420)
             assert code == 0, f"the SmolLM2 GRPO step failed ({code}):\n{log_tail(log, 60)}"
         info = requests.get(f"http://{addr}/model_info", timeout=10).json()
         assert str(info["weight_version"]) == "1"  # the step's weights reached the server
