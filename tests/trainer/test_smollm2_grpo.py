@@ -11,8 +11,8 @@ import sys
 import pytest
 import requests
 
-from arealite.dataset.reasoning_gym import TaskSpec, write_reasoning_gym
-from arealite.demo.real_model_job import DEFAULT_CONFIGS, DEFAULT_TASKS, LORA_OVERRIDES
+from arealite.dataset.reasoning_gym import write_reasoning_gym
+from arealite.demo.real_model_job import LORA_OVERRIDES, default_tasks
 from benchmarks.harness.grpo_runs import ROOT, wait_exit
 from tests.support.procs import embedded_server, log_tail, spawn
 
@@ -27,7 +27,7 @@ def test_one_grpo_step_on_reasoning_gym_pushes_weights_and_checkpoints(tmp_path,
     from transformers import AutoModelForCausalLM
 
     data = tmp_path / "data"
-    tasks = [TaskSpec(DEFAULT_TASKS, 1.0, DEFAULT_CONFIGS[DEFAULT_TASKS])]
+    tasks = default_tasks()
     write_reasoning_gym(data, tasks, 8, 2, seed=0, system_prompt="direct", answer_prefix="<answer>")
     with embedded_server(
         str(smollm2_dir),
@@ -66,7 +66,7 @@ def test_one_grpo_step_on_reasoning_gym_pushes_weights_and_checkpoints(tmp_path,
             f"http://{addr}/generate",
             timeout=120,
             json={
-                "text": "How many legs do 2 cats have?",
+                "text": "What is 2 + 3?",
                 "sampling_params": {"max_new_tokens": 4, "temperature": 0},
             },
         )
