@@ -205,8 +205,6 @@ def write_reasoning_gym(
     answer_prefix: str = "",
 ) -> dict[str, Path]:
     """Write ``valid.jsonl`` and ``train.jsonl`` (no question in both) into ``out_dir``."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     valid = build_rows(tasks, n_valid, seed, "valid", system_prompt, answer_prefix=answer_prefix)
     train = build_rows(
         tasks,
@@ -217,6 +215,8 @@ def write_reasoning_gym(
         avoid={r["question"] for r in valid},
         answer_prefix=answer_prefix,
     )
+    out = Path(out_dir)  # created only once every row is built and checked
+    out.mkdir(parents=True, exist_ok=True)
     paths = {}
     for split, rows in (("train", train), ("valid", valid)):
         paths[split] = out / f"{split}.jsonl"

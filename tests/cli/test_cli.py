@@ -62,3 +62,24 @@ def test_toy_data_command(tmp_path):
     r = run_cli("toy-data", "--out", str(tmp_path), "--n-train", "10", "--n-valid", "5")
     assert r.returncode == 0, r.stderr
     assert len((tmp_path / "train.jsonl").read_text().splitlines()) == 10
+
+
+def test_reasoning_gym_commands_refuse_an_unknown_task_in_one_line(tmp_path, capsys):
+    import pytest
+
+    pytest.importorskip("reasoning_gym")
+    from arealite.cli.main import main
+
+    out = tmp_path / "rg"
+    assert main(["rg-data", "--out", str(out), "--tasks", "chain_sum,gcdd"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "arealite: unknown reasoning-gym task 'gcdd'; closest: gcd", err
+    assert main(["rg-data", "--out", str(out), "--tasks", "gcd", "--configs", '{"gcd": {"x": 1}}']) == 2
+    assert "bad config" in capsys.readouterr().err
+    assert not out.exists()  # refused before anything was written
+    # the job: the same line, before the model import, the data or any process
+    assert main(["real-model-job", "--tasks", "gcdd", f"cluster.fileroot={tmp_path}"]) == 2
+    assert capsys.readouterr().err.strip() == err
+    assert list(tmp_path.iterdir()) == []
+    assert main(["rg-data", "--out", str(out), "--tasks", "gcd", "--n-train", "4", "--n-valid", "2"]) == 0
+    assert (out / "train.jsonl").read_text().count("\n") == 4
