@@ -14,7 +14,9 @@ scores a completion with the task's own ``score_answer`` from ``task``, ``task_c
 
 Splits: each task draws its train and held-out problems from differently seeded generators;
 a train problem whose question also appears in held-out is skipped (small problem spaces repeat),
-so the two never share a problem. Every row is checked at build time: the task's verifier must
+so the two never share a problem. A task whose problem space is smaller than its share of train
+repeats its problems in turn (epochs over the space); held-out problems are always distinct (too
+few of them is an error). Every row is checked at build time: the task's verifier must
 give its own answer 1.0 after the JSON round trip the row goes through, so a task whose entries
 do not survive JSON fails here, not as silent zeros in training.
 """
@@ -146,6 +148,8 @@ def _task_entries(
         out.append(entry)
         if len(out) == n:
             return out
+    if split == "train" and out:  # a small problem space: its problems again, in turn
+        return [out[i % len(out)] for i in range(n)]
     raise ValueError(
         f"reasoning-gym task {t.name!r}: only {len(out)} distinct {split} problems "
         f"of {n}; raise its difficulty or ask for fewer"

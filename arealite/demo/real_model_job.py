@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="each task's own config (difficulty) as JSON; default: the sweep's choice",
     )
-    p.add_argument("--n-train", type=int, default=4000)
+    p.add_argument("--n-train", type=int, default=2000)
     p.add_argument("--n-valid", type=int, default=200)
     p.add_argument("--data-seed", type=int, default=0)
     p.add_argument("--system-prompt", default="direct", help="reasoning-gym SYSTEM_PROMPTS entry")

@@ -79,3 +79,18 @@ def test_a_prefilled_prompt_continues_the_assistant_turn(tiny_model_dir):
     (plain,) = build_rows([TaskSpec("gcd")], 1, seed=0, split="valid")
     _, plain_text = encode_prompt(tok, plain)
     assert text.startswith(plain_text)  # the generation prompt, then the prefix
+
+
+def test_a_small_problem_space_repeats_in_train_never_in_held_out():
+    tiny = [
+        TaskSpec(
+            "chain_sum", 1.0, {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
+        )
+    ]
+    valid = build_rows(tiny, 40, seed=0, split="valid")
+    train = build_rows(tiny, 600, seed=0, split="train", avoid={r["question"] for r in valid})
+    distinct = {r["question"] for r in train}
+    assert len(train) == 600 and len(distinct) < 600  # at most 200 such problems exist
+    assert not distinct & {r["question"] for r in valid}
+    with pytest.raises(ValueError, match="distinct valid problems"):
+        build_rows(tiny, 600, seed=0, split="valid")
