@@ -25,6 +25,9 @@ def test_one_grpo_step_on_reasoning_gym_pushes_weights_and_checkpoints(tmp_path,
     import torch
     from transformers import AutoModelForCausalLM
 
+    # the import saves dequantized weights and says so (transformers' Trainer refuses a model
+    # whose config still carries the GGUF quantization_config)
+    assert "quantization_config" not in json.loads((smollm2_dir / "config.json").read_text())
     data = tmp_path / "data"
     tasks = default_tasks()
     write_reasoning_gym(data, tasks, 8, 2, seed=0, system_prompt="direct", answer_prefix="<answer>")
