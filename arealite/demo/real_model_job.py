@@ -86,8 +86,38 @@ def data_dir(assets: Path, spec: dict) -> Path:
     return assets / "rg" / key
 
 
+def ensure_assets(
+    fileroot: Path,
+    tasks: list[TaskSpec],
+    n_train: int = 2000,
+    n_valid: int = 200,
+    seed: int = 0,
+    system_prompt: str = "direct",
+    answer_prefix: str = "<answer>",
+) -> tuple[Path, Path]:
+    """SmolLM2 under ``{fileroot}/assets/smollm2`` and the rows of this data spec under
+    ``{fileroot}/assets/rg/<hash>/``, each built when missing: (model dir, data dir)."""
+    from arealite.demo.smollm2 import import_smollm2
+
+    assets = fileroot / "assets"
+    model = import_smollm2(assets / "smollm2")
+    spec = {
+        "tasks": [t.__dict__ for t in tasks],
+        "n_train": n_train,
+        "n_valid": n_valid,
+        "seed": seed,
+        "system_prompt": system_prompt,
+        "answer_prefix": answer_prefix,
+    }
+    data = data_dir(assets, spec)
+    if not (data / "valid.jsonl").is_file():
+        write_reasoning_gym(data, tasks, n_train, n_valid, seed, system_prompt, answer_prefix)
+        (data / "spec.json").write_text(json.dumps(spec, indent=1))
+    return model, data
+
+
 def main(argv: list[str] | None = None) -> int:
-    from arealite.demo.smollm2 import find_gguf, import_smollm2
+    from arealite.demo.smollm2 import find_gguf
 
     a = build_parser().parse_args(argv)
     try:  # every check before anything is built or started
@@ -100,26 +130,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"arealite: {e}", file=sys.stderr)
         return 2
     t0 = time.monotonic()
-    assets = fileroot / "assets"
-    model = import_smollm2(assets / "smollm2")
-    spec = {
-        "tasks": [t.__dict__ for t in tasks],
-        "n_train": a.n_train,
-        "n_valid": a.n_valid,
-        "seed": a.data_seed,
-        "system_prompt": a.system_prompt,
-        "answer_prefix": a.answer_prefix,
-    }
-    data = data_dir(assets, spec)
-    if not (data / "valid.jsonl").is_file():
-        try:
-            write_reasoning_gym(
-                data, tasks, a.n_train, a.n_valid, a.data_seed, a.system_prompt, a.answer_prefix
-            )
-        except ValueError as e:
-            print(f"arealite: {e}", file=sys.stderr)
-            return 2
-        (data / "spec.json").write_text(json.dumps(spec, indent=1))
+    try:
+        model, data = ensure_assets(
+            fileroot, tasks, a.n_train, a.n_valid, a.data_seed, a.system_prompt, a.answer_prefix
+        )
+    except ValueError as e:
+        print(f"arealite: {e}", file=sys.stderr)
+        return 2
     print(f"== model {model}\n== data {data} ({', '.join(t.name for t in tasks)})", flush=True)
     overrides = [
         f"actor.path={model}",

@@ -61,6 +61,7 @@ CONFIGS = {"async": ROOT / "configs" / "toy_grpo.yaml", "sync": ROOT / "configs"
 # sync is the job's config with what makes the toy job's sync twin sync
 REAL_CONFIG = ROOT / "configs" / "smollm2_rg_grpo.yaml"
 REAL_SYNC = ["async_training=false", "rollout.max_head_offpolicyness=0"]
+REAL_ASYNC = ["rollout.max_head_offpolicyness=2"]  # eta as the toy comparison's (LABELS)
 # TRL's schedule here (cosine to 0.2x), which the toy configs have and the real job's does not
 REAL_SCHEDULE = ["actor.optimizer.lr_scheduler_type=cosine", "actor.optimizer.min_lr_ratio=0.2"]
 SYSTEMS = ("trl", "async", "sync")
@@ -327,7 +328,7 @@ def arealite_argv(name: str, a: argparse.Namespace, model: Path, data: Path, exp
                   max_steps: int, seed: int, trial: str | None = None) -> list[str]:
     """The launcher's arguments for arealite system ``name`` (config ``CONFIGS[name]``): the
     common shape, the seed, and ``--override``s last (they win)."""
-    config, extra = ((REAL_CONFIG, REAL_SCHEDULE + (REAL_SYNC if name == "sync" else []))
+    config, extra = ((REAL_CONFIG, REAL_SCHEDULE + (REAL_SYNC if name == "sync" else REAL_ASYNC))
                      if a.job == "real" else (CONFIGS[name], []))
     return [str(config), *extra, f"actor.path={model}", f"train_dataset.path={data / 'train.jsonl'}",
             f"valid_dataset.path={data / 'valid.jsonl'}", f"cluster.fileroot={a.fileroot}",
