@@ -31,7 +31,7 @@ $(STAMP): pyproject.toml Makefile benchmarks/trl_requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH_SPEC)
-	$(PY) -m pip install -q -e '.[dev,agents,lora]'
+	$(PY) -m pip install -q -e '.[dev,agents,lora,reasoning-gym]'
 	# the Ray launcher's multi-node test (tests/launcher/test_launcher_ray.py)
 	$(PY) -m pip install -q -e '.[ray]'
 	# TRL's own loss code for the differential tests (tests/engine/*/test_trl_*_parity.py), at the

@@ -26,7 +26,7 @@ ALLOWED: dict[str, set[str]] = {
                      "arealite.dataset", "arealite.api", "arealite.utils"},
     # the demo jobs, their toy models and datasets: on top, so core code never imports a toy
     "arealite.demo": {"arealite.launcher", "arealite.engine", "arealite.observe", "arealite.api",
-                      "arealite.utils"},
+                      "arealite.dataset", "arealite.utils"},
     "arealite.trainer": {"arealite.launcher", "arealite.engine", "arealite.rollout",
                          "arealite.weights", "arealite.backends", "arealite.observe",
                          "arealite.dataset", "arealite.utils", "arealite.api"},

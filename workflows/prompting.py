@@ -14,6 +14,12 @@ def render_chat(tokenizer: Any, messages: list[dict], add_generation_prompt: boo
     if getattr(tokenizer, "chat_template", None) is None:
         raise ValueError("the tokenizer has no chat template; give rows `input_ids`, or set "
                          "apply_chat_template=False to tokenize `prompt` as plain text")
+    if add_generation_prompt and messages and messages[-1].get("role") == "assistant":
+        # A conversation that ends with an assistant turn is a prefill (e.g. "<answer>"): the
+        # model continues that turn rather than starting a new one.
+        return tokenizer.apply_chat_template(
+            messages, tokenize=False, continue_final_message=True, **template_kwargs
+        )
     return tokenizer.apply_chat_template(
         messages, tokenize=False, add_generation_prompt=add_generation_prompt, **template_kwargs
     )
@@ -33,7 +39,8 @@ def encode_prompt(
     template_kwargs: dict[str, Any] | None = None,
 ) -> tuple[list[int], str]:
     """Prompt token ids and prompt text of a row, from the first present of ``input_ids``
-    (used as is), ``messages`` (chat template), ``prompt`` or ``question`` (a user message
+    (used as is), ``messages`` (chat template; a last assistant turn is continued, see
+    ``render_chat``), ``prompt`` or ``question`` (a user message
     through the chat template, or plain text when ``apply_chat_template`` is False)."""
     if not isinstance(data, dict):
         raise TypeError(f"a dataset row must be a dict, got {type(data).__name__}")

@@ -60,6 +60,25 @@ def _cmd_toy_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_rg_data(args: argparse.Namespace) -> int:
+    import json
+
+    from arealite.dataset.reasoning_gym import parse_tasks, write_reasoning_gym
+
+    try:
+        tasks = parse_tasks(args.tasks)
+        configs = json.loads(args.configs)
+        tasks = [t.__class__(t.name, t.weight, configs.get(t.name, {})) for t in tasks]
+        paths = write_reasoning_gym(args.out, tasks, args.n_train, args.n_valid, args.seed,
+                                    args.system_prompt, args.answer_prefix)
+    except (ValueError, json.JSONDecodeError) as e:
+        print(f"arealite: {e}", file=sys.stderr)
+        return 2
+    for p in paths.values():
+        print(p)
+    return 0
+
+
 def _cmd_toy_vision_data(args: argparse.Namespace) -> int:
     from arealite.demo.toy_vision import write_toy_vision
 
@@ -95,6 +114,12 @@ def _cmd_vision_job(args: argparse.Namespace) -> int:
     from arealite.demo.vision_job import main as vision_job
 
     return vision_job(args.overrides)
+
+
+def _cmd_real_model_job(args: argparse.Namespace) -> int:
+    from arealite.demo.real_model_job import main as real_model_job
+
+    return real_model_job(args.job_args)
 
 
 def _cmd_main_job(args: argparse.Namespace) -> int:
@@ -147,6 +172,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="replace what --out already holds (refused otherwise)")
     d.set_defaults(fn=_cmd_toy_data)
 
+    rg = sub.add_parser("rg-data", help="write reasoning-gym tasks as train/valid JSONL "
+                        "(docs/real_model.md)")
+    rg.add_argument("--out", required=True)
+    rg.add_argument("--tasks", required=True, help="name[:weight],... e.g. chain_sum:2,leg_counting")
+    rg.add_argument("--configs", default="{}", help="each task's own config (difficulty) as JSON: "
+                    '\'{"chain_sum": {"max_terms": 2}}\'')
+    rg.add_argument("--n-train", type=int, default=2000)
+    rg.add_argument("--n-valid", type=int, default=200)
+    rg.add_argument("--seed", type=int, default=0)
+    rg.add_argument("--system-prompt", default="direct",
+                    help="reasoning-gym's SYSTEM_PROMPTS entry put before each question")
+    rg.add_argument("--answer-prefix", default="<answer>",
+                    help="the start of the model's reply, prefilled ('' for none)")
+    rg.set_defaults(fn=_cmd_rg_data)
+
     v = sub.add_parser("toy-vision-data", help="write the toy visual counting task "
                        "(PNG images + train/valid JSONL)")
     v.add_argument("--out", required=True)
@@ -178,6 +218,11 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--moe", action="store_true", help="on the tiny mixture-of-experts model, "
                    "with rollout routing replay (docs/moe.md)")
     m.set_defaults(fn=_cmd_main_job)
+    # its own options (--tasks, --lora, ...) are parsed by the job: `arealite real-model-job -h`
+    rm = sub.add_parser("real-model-job", add_help=False,
+                        help="SmolLM2-135M-Instruct + async GRPO on reasoning-gym tasks "
+                        "(docs/real_model.md); -h for its options")
+    rm.set_defaults(fn=_cmd_real_model_job)
     a = sub.add_parser("agent-job", help="a calculator agent trained through the agent proxy "
                        "(docs/agents.md): SFT warm start on tool-call traces + async GRPO")
     a.add_argument("overrides", nargs="*")
@@ -186,7 +231,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if args.cmd == "real-model-job":
+        args.job_args = rest
+    elif rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
         return args.fn(args)
     except ConfigError as e:

@@ -45,7 +45,12 @@ def import_smollm2(out_dir: str | Path, dtype: str = "float32") -> Path:
     loaded = AutoModelForCausalLM.from_pretrained(
         str(gguf.parent), gguf_file=gguf.name, dtype=getattr(torch, dtype)
     )
-    fresh = LlamaForCausalLM(loaded.config).to(getattr(torch, dtype))
+    config = loaded.config
+    # The GGUF loader records a quantization_config (quant_method gguf); the weights saved here
+    # are dequantized, and transformers' Trainer (TRL) refuses to train a model that claims it.
+    if hasattr(config, "quantization_config"):
+        delattr(config, "quantization_config")
+    fresh = LlamaForCausalLM(config).to(getattr(torch, dtype))
     missing, unexpected = fresh.load_state_dict(loaded.state_dict(), strict=False)
     # A tied lm_head may be absent from the state dict; anything else missing is an error.
     missing = [m for m in missing if not (m == "lm_head.weight" and loaded.config.tie_word_embeddings)]

@@ -30,3 +30,11 @@ def ensure_model(fileroot: Path) -> tuple[Path, Path]:
         if code != 0:
             raise SystemExit(f"SFT warm start failed (exit {code})")
     return sft, assets / "toy_math"
+
+
+def ensure_real_model(fileroot: Path) -> tuple[Path, Path]:
+    """SmolLM2-135M-Instruct and the real-model job's default reasoning-gym rows, as
+    ``arealite real-model-job`` builds them (docs/real_model.md)."""
+    from arealite.demo.real_model_job import default_tasks, ensure_assets
+
+    return ensure_assets(fileroot, default_tasks())

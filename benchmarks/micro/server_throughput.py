@@ -20,6 +20,14 @@ requests that are unconstrained in both (their tokens / the time until the last 
 done), the median of the per-round ratios mixed / all-unconstrained (target >= 0.95), and the
 server's CPU seconds per round, mixed / all-unconstrained (the grammar work's cost, free of the
 wall-clock swings of a shared machine).
+
+The real-model job's own requests instead of random ones (docs/real_model.md): ``--rows`` its
+held-out or train JSONL, rendered as the job's workflow renders them
+(``workflows.prompting.encode_prompt``), each prompt ``--group`` times (its GRPO group), every
+request ``--max-new-tokens`` long:
+
+    python -m benchmarks.micro.server_throughput --model-path outputs/assets/smollm2 \
+        --rows outputs/assets/rg/<hash>/train.jsonl --group 8 --n 64 --max-new-tokens 24
 """
 
 from __future__ import annotations
@@ -47,6 +55,20 @@ def workload(n: int, vocab: int, seed: int, max_len: int) -> list[tuple[list[int
         new = int(min(max_len, 8 + 10 * rng.paretovariate(1.2)))
         reqs.append((prompt, new))
     return reqs
+
+
+def job_workload(rows_path: str, model_path: str, n: int, group: int,
+                 new: int) -> list[tuple[list[int], int]]:
+    """``n`` requests of the job: ``n // group`` rows' prompts, each ``group`` times."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    from workflows.prompting import encode_prompt
+
+    tok = AutoTokenizer.from_pretrained(model_path)
+    lines = [ln for ln in open(rows_path).read().splitlines() if ln.strip()][: max(1, n // group)]
+    return [(encode_prompt(tok, json.loads(ln))[0], new) for ln in lines for _ in range(group)]
 
 
 def _sample_kwargs(new: int, pad_id: int) -> dict:
@@ -161,6 +183,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--quick", action="store_true", help="32 requests, shorter tail, two rounds")
     p.add_argument("--mixed-constrained", action="store_true",
                    help="unconstrained throughput with and without regex-constrained neighbours")
+    p.add_argument("--rows", default=None, help="the job's rows (JSONL): its prompts, not random ones")
+    p.add_argument("--group", type=int, default=8, help="with --rows: requests per prompt")
     args = p.parse_args(argv)
     if args.quick:
         args.n, args.max_new_tokens, args.rounds = 32, 128, 2
@@ -180,7 +204,10 @@ def main(argv: list[str] | None = None) -> None:
         mixed_constrained(model_path, vocab, args)
         return
     pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
-    reqs = workload(args.n, vocab, args.seed, args.max_new_tokens)
+    if args.rows:
+        reqs = job_workload(args.rows, model_path, args.n, args.group, args.max_new_tokens)
+    else:
+        reqs = workload(args.n, vocab, args.seed, args.max_new_tokens)
     lens = sorted(m for _, m in reqs)
     print(f"model={model_path} requests={len(reqs)} new_tokens total={sum(lens)} "
           f"median={lens[len(lens) // 2]} max={lens[-1]} threads=1", flush=True)

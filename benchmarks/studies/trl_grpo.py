@@ -32,15 +32,43 @@ sys.path.insert(0, str(ROOT))  # the toy grader only (pure Python)
 
 from workflows.rewards.toy import toy_reward  # noqa: E402
 
+TASKS = ("toy", "rg")  # the toy arithmetic task; reasoning-gym rows (arealite rg-data)
+
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def as_prompt(row: dict[str, Any]) -> list[dict[str, str]]:
-    """The row as one user message: arealite's RLVR workflow renders the same conversation
-    through the tokenizer's chat template (``workflows.prompting.encode_prompt``)."""
+    """The row's conversation as arealite's RLVR workflow renders it through the tokenizer's
+    chat template (``workflows.prompting.encode_prompt``): its ``messages`` (reasoning-gym rows:
+    system prompt, question, a prefilled assistant turn, which TRL continues as arealite does),
+    else the question as one user message."""
+    if row.get("messages"):
+        return list(row["messages"])
     return [{"role": "user", "content": str(row["question"])}]
+
+
+def score(task: str, text: str, row: dict[str, Any]) -> float:
+    """The task's grader on one completion: the toy grader, or reasoning-gym's own verifier
+    through ``workflows.rewards.reasoning_gym`` with the real-model job's settings."""
+    if task == "toy":
+        return toy_reward("", text, answer=row["answer"])
+    from workflows.rewards.reasoning_gym import reasoning_gym_reward
+
+    fields = {k: row[k] for k in ("task", "question", "answer", "messages") if k in row}
+    return reasoning_gym_reward("", text, untagged="whole", metadata=json.loads(row["metadata_json"]),
+                                task_config=json.loads(row["task_config_json"]), **fields)
+
+
+def as_column_row(task: str, row: dict[str, Any]) -> dict[str, Any]:
+    """A training row for ``datasets``: the prompt, and what the grader reads, with the nested
+    per-task dicts as JSON text (their keys differ from task to task, which Arrow cannot mix)."""
+    out = {"prompt": as_prompt(row), "answer": row["answer"]}
+    if task == "rg":
+        out.update(task=row["task"], question=row["question"], metadata_json=json.dumps(row["metadata"]),
+                   task_config_json=json.dumps(row.get("task_config") or {}))
+    return out
 
 
 def completion_text(completion: Any) -> str:
@@ -55,9 +83,23 @@ def toy_reward_trl(prompts: list, completions: list, answer: list[str], **_: Any
     return [toy_reward("", completion_text(c), answer=a) for c, a in zip(completions, answer)]
 
 
+def reward_fn(task: str):
+    """TRL's reward-function signature over the task's grader (columns arrive as lists)."""
+
+    def reward(prompts: list, completions: list, **columns: Any) -> list[float]:
+        rows = [{k: v[i] for k, v in columns.items() if isinstance(v, list) and len(v) == len(completions)}
+                for i in range(len(completions))]
+        for r, p in zip(rows, prompts):
+            r["messages"] = p
+        return [score(task, completion_text(c), r) for c, r in zip(completions, rows)]
+
+    reward.__name__ = f"{task}_reward"
+    return reward
+
+
 def greedy_accuracy(model: Any, tokenizer: Any, rows: list[dict[str, Any]], max_new_tokens: int,
-                    batch: int = 256) -> float:
-    """Mean toy reward of greedy completions over ``rows`` (left-padded batched ``generate``)."""
+                    batch: int = 256, task: str = "toy") -> float:
+    """Mean grader score of greedy completions over ``rows`` (left-padded batched ``generate``)."""
     import torch
 
     was_training = model.training
@@ -68,18 +110,24 @@ def greedy_accuracy(model: Any, tokenizer: Any, rows: list[dict[str, Any]], max_
     try:
         for i in range(0, len(rows), batch):
             chunk = rows[i: i + batch]
-            enc = tokenizer.apply_chat_template([as_prompt(r) for r in chunk], add_generation_prompt=True,
-                                                tokenize=True, padding=True, return_dict=True,
-                                                return_tensors="pt")
+            prefill = as_prompt(chunk[0])[-1]["role"] == "assistant"  # continued, not a new turn
+            enc = tokenizer.apply_chat_template([as_prompt(r) for r in chunk], add_generation_prompt=not prefill,
+                                                continue_final_message=prefill, tokenize=True, padding=True,
+                                                return_dict=True, return_tensors="pt")
             with torch.no_grad():
                 out = model.generate(**enc, do_sample=False, max_new_tokens=max_new_tokens,
                                      eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
             texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
-            hits += sum(toy_reward("", t, answer=r["answer"]) for t, r in zip(texts, chunk))
+            hits += sum(score(task, t, rg_fields(task, r)) for t, r in zip(texts, chunk))
     finally:
         tokenizer.padding_side = side
         model.train(was_training)
     return hits / max(len(rows), 1)
+
+
+def rg_fields(task: str, row: dict[str, Any]) -> dict[str, Any]:
+    """A held-out row as the grader reads it (the training rows' column form)."""
+    return {**as_column_row(task, row), "messages": as_prompt(row)} if task == "rg" else row
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -98,6 +146,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-prompts", type=int, default=0, help="0: the whole held-out set")
     p.add_argument("--threads", type=int, default=2, help="torch threads")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--task", default="toy", choices=TASKS, help="toy arithmetic or reasoning-gym rows")
     return p.parse_args(argv)
 
 
@@ -112,8 +161,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(a.threads)
     data = Path(a.data)
-    train = Dataset.from_list([{"prompt": as_prompt(r), "answer": r["answer"]}
-                               for r in read_rows(data / "train.jsonl")])
+    train = Dataset.from_list([as_column_row(a.task, r) for r in read_rows(data / "train.jsonl")])
     valid = read_rows(data / "valid.jsonl")
     valid = valid[: a.eval_prompts] if a.eval_prompts else valid
     tokenizer = AutoTokenizer.from_pretrained(a.model)
@@ -145,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         def evaluate(self, step: int, model: Any) -> None:
             te = time.perf_counter()
             trained = self.train_seconds() if self.t0 else 0.0
-            acc = greedy_accuracy(model, tokenizer, valid, a.max_new_tokens)
+            acc = greedy_accuracy(model, tokenizer, valid, a.max_new_tokens, task=a.task)
             self.curve.append([step, trained, acc])
             print(f"trl step {step}: train {trained:.1f}s, held-out accuracy {acc:.3f}", flush=True)
             self.eval_s += time.perf_counter() - te
@@ -178,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
             # ~1M-parameter model needs no memory saved, so TRL gets its faster setting
             gradient_checkpointing=False,
         )
-        trainer = TimedGRPOTrainer(model=model, reward_funcs=toy_reward_trl, args=args, train_dataset=train,
+        trainer = TimedGRPOTrainer(model=model, reward_funcs=reward_fn(a.task), args=args, train_dataset=train,
                                    processing_class=tokenizer, callbacks=[clock])
         trainer.train()
     steps = int(trainer.state.global_step)

@@ -57,6 +57,13 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 RESULTS = results_dir("vs_trl")
 CONFIGS = {"async": ROOT / "configs" / "toy_grpo.yaml", "sync": ROOT / "configs" / "toy_grpo_sync.yaml"}
+# --job real: SmolLM2-135M-Instruct on the real-model job's reasoning-gym rows (docs/real_model.md);
+# sync is the job's config with what makes the toy job's sync twin sync
+REAL_CONFIG = ROOT / "configs" / "smollm2_rg_grpo.yaml"
+REAL_SYNC = ["async_training=false", "rollout.max_head_offpolicyness=0"]
+REAL_ASYNC = ["rollout.max_head_offpolicyness=2"]  # eta as the toy comparison's (LABELS)
+# TRL's schedule here (cosine to 0.2x), which the toy configs have and the real job's does not
+REAL_SCHEDULE = ["actor.optimizer.lr_scheduler_type=cosine", "actor.optimizer.min_lr_ratio=0.2"]
 SYSTEMS = ("trl", "async", "sync")
 LABELS = {"trl": "TRL GRPOTrainer", "async": "arealite async (eta=2)", "sync": "arealite sync"}
 
@@ -119,6 +126,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "several run every system once per seed and the headlines are means over them")
     p.add_argument("--fileroot", default=str(ROOT / "outputs"))
     p.add_argument("--tag", default=None, help="results file suffix (default: quick or none)")
+    p.add_argument("--job", default="toy", choices=("toy", "real"),
+                   help="toy: the main job's tiny model and task; real: SmolLM2 on the real-model "
+                        "job's reasoning-gym rows, its config, grader and held-out set")
     a = p.parse_args(argv)
     a.seconds = a.seconds if a.seconds is not None else (60.0 if a.quick else 300.0)
     a.target = a.target if a.target is not None else (0.5 if a.quick else 0.7)
@@ -318,7 +328,9 @@ def arealite_argv(name: str, a: argparse.Namespace, model: Path, data: Path, exp
                   max_steps: int, seed: int, trial: str | None = None) -> list[str]:
     """The launcher's arguments for arealite system ``name`` (config ``CONFIGS[name]``): the
     common shape, the seed, and ``--override``s last (they win)."""
-    return [str(CONFIGS[name]), f"actor.path={model}", f"train_dataset.path={data / 'train.jsonl'}",
+    config, extra = ((REAL_CONFIG, REAL_SCHEDULE + (REAL_SYNC if name == "sync" else REAL_ASYNC))
+                     if a.job == "real" else (CONFIGS[name], []))
+    return [str(config), *extra, f"actor.path={model}", f"train_dataset.path={data / 'train.jsonl'}",
             f"valid_dataset.path={data / 'valid.jsonl'}", f"cluster.fileroot={a.fileroot}",
             f"experiment_name={experiment}", f"trial_name={trial or name}", f"total_train_seconds={a.seconds}",
             f"total_train_steps={max_steps}",  # the lr schedule's length, as TRL's max_steps
@@ -365,7 +377,8 @@ def run_trl(a: argparse.Namespace, model: Path, data: Path, experiment: str, max
            "--out", str(out / "result.json"), "--seconds", str(a.seconds), "--prompts", str(a.prompts),
            "--samples", str(a.samples), "--max-new-tokens", str(a.max_new_tokens), "--lr", str(a.lr),
            "--max-steps", str(max_steps), "--eval-every", str(a.eval_every),
-           "--eval-prompts", str(a.eval_prompts), "--threads", str(threads), "--seed", str(seed)]
+           "--eval-prompts", str(a.eval_prompts), "--threads", str(threads), "--seed", str(seed),
+           "--task", "rg" if a.job == "real" else "toy"]
     print(f"== TRL (load average {os.getloadavg()[0]:.1f}): {' '.join(cmd)}", flush=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": ""}
     t0 = time.monotonic()
@@ -403,15 +416,16 @@ def main(argv: list[str] | None = None) -> int:
     if "trl" in a.systems and not Path(a.trl_python).is_file():
         print(f"vs_trl: no TRL virtualenv at {a.trl_python}: run `make setup-trl` first", file=sys.stderr)
         return 2
-    from benchmarks.harness.warm_start import ensure_model
+    from benchmarks.harness.warm_start import ensure_model, ensure_real_model
 
-    model, data = ensure_model(Path(a.fileroot))
+    model, data = (ensure_real_model if a.job == "real" else ensure_model)(Path(a.fileroot))
     n_train = sum(1 for line in (data / "train.jsonl").read_text().splitlines() if line.strip())
     from arealite.api.config.loader import load_config
 
-    max_steps = load_config(str(CONFIGS["async"]), []).total_train_epochs * (n_train // a.prompts)
+    base = REAL_CONFIG if a.job == "real" else CONFIGS["async"]
+    max_steps = load_config(str(base), []).total_train_epochs * (n_train // a.prompts)
     tag = a.tag or ("quick" if a.quick else "")
-    experiment = "bench-vs-trl" + (f"-{tag}" if tag else "")
+    experiment = "bench-vs-trl" + ("-real" if a.job == "real" else "") + (f"-{tag}" if tag else "")
     runs: dict[str, dict[str, Any]] = {}
     for seed in a.seeds:  # a seed's systems side by side, then the next seed
         for name in a.systems:
@@ -427,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     for line in headlines(runs, a.target):
         print(line)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    stem = "vs_trl" + (f"_{tag}" if tag else "")
+    stem = "vs_trl" + ("_real" if a.job == "real" else "") + (f"_{tag}" if tag else "")
     command = " ".join(["python -m benchmarks.studies.vs_trl", *(sys.argv[1:] if argv is None else argv)])
     (RESULTS / f"{stem}.json").write_text(json.dumps(
         {"command": command.strip(), "date": time.strftime("%Y-%m-%d %H:%M"), "args": vars(a), "runs": runs,

@@ -86,3 +86,24 @@ def test_asset_commands_never_write_over_an_asset(tmp_path, capsys):
     assert "already holds config.json" in capsys.readouterr().err
     assert (model / "config.json").read_text() == "{}"
 
+
+def test_reasoning_gym_commands_refuse_an_unknown_task_in_one_line(tmp_path, capsys):
+    import pytest
+
+    pytest.importorskip("reasoning_gym")
+    from arealite.cli.main import main
+
+    out = tmp_path / "rg"
+    assert main(["rg-data", "--out", str(out), "--tasks", "chain_sum,gcdd"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "arealite: unknown reasoning-gym task 'gcdd'; closest: gcd", err
+    assert main(["rg-data", "--out", str(out), "--tasks", "gcd", "--configs", '{"gcd": {"x": 1}}']) == 2
+    assert "bad config" in capsys.readouterr().err
+    assert not out.exists()  # refused before anything was written
+    # the job: the same line, before the model import, the data or any process
+    assert main(["real-model-job", "--tasks", "gcdd", f"cluster.fileroot={tmp_path}"]) == 2
+    assert capsys.readouterr().err.strip() == err
+    assert list(tmp_path.iterdir()) == []
+    assert main(["rg-data", "--out", str(out), "--tasks", "gcd", "--n-train", "4", "--n-valid", "2"]) == 0
+    assert (out / "train.jsonl").read_text().count("\n") == 4
+

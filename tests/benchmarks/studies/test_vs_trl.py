@@ -163,3 +163,22 @@ def test_several_seeds_report_each_seed_and_the_means():
     last = vs_trl.headlines(runs, 0.8)[-1]
     assert "not reached in every seed" in last and not parse_figures("vs_trl", last)
     assert "| arealite async (eta=2), seed 2 |" in vs_trl.table(runs, 0.8)
+
+
+def test_the_real_job_runs_its_config_sync_twin_and_grader(tmp_path):
+    pytest.importorskip("reasoning_gym")
+    from arealite.dataset.reasoning_gym import TaskSpec, build_rows
+
+    a = vs_trl.parse_args(["--job", "real"])
+    sync = vs_trl.arealite_argv("sync", a, tmp_path / "m", tmp_path / "d", "exp", 10, 1)
+    asyn = vs_trl.arealite_argv("async", a, tmp_path / "m", tmp_path / "d", "exp", 10, 1)
+    assert sync[0] == asyn[0] == str(vs_trl.REAL_CONFIG)
+    assert set(vs_trl.REAL_SYNC) <= set(sync) and not set(vs_trl.REAL_SYNC) & set(asyn)
+    # TRL's side: the row's conversation (the prefill continued) and the task's own verifier
+    (row,) = build_rows([TaskSpec("gcd")], 1, seed=0, split="valid", answer_prefix="<answer>")
+    col = trl_grpo.as_column_row("rg", row)
+    assert col["prompt"] == row["messages"] and col["prompt"][-1]["role"] == "assistant"
+    reward = trl_grpo.reward_fn("rg")
+    got = reward([col["prompt"]] * 2, [[{"role": "assistant", "content": f"{row['answer']}</answer>"}], "zz"],
+                 **{k: [v, v] for k, v in col.items() if k != "prompt"})
+    assert got == [1.0, 0.0]

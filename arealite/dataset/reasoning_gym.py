@@ -1,0 +1,228 @@
+"""reasoning-gym as a data source: train and held-out rows of procedurally generated problems,
+built offline and deterministically from task names, weights, sizes, each task's own config
+(its difficulty knobs) and a seed.
+
+Rows are JSONL-ready dicts read by ``arealite.dataset.loader`` like any dataset:
+``{"id", "task", "task_config", "question", "answer", "metadata", "messages"}``. ``messages`` is
+the prompt: reasoning-gym's own system prompt (``SYSTEM_PROMPTS[system_prompt]``, which says
+how to give the answer), the task's question (which carries the task's own instructions) and,
+with ``answer_prefix``, the start of the assistant's turn (``"<answer>"``: a small model that
+ignores the instruction is put where the answer goes); the workflow renders it through the
+model's chat template. ``workflows.rewards.reasoning_gym``
+scores a completion with the task's own ``score_answer`` from ``task``, ``task_config``,
+``answer`` and ``metadata``.
+
+Splits: each task draws its train and held-out problems from differently seeded generators;
+a train problem whose question also appears in held-out is skipped (small problem spaces repeat),
+so the two never share a problem. A task whose problem space is smaller than its share of train
+repeats its problems in turn (epochs over the space); held-out problems are always distinct (too
+few of them is an error). Every row is checked at build time: the task's verifier must
+give its own answer 1.0 after the JSON round trip the row goes through, so a task whose entries
+do not survive JSON fails here, not as silent zeros in training.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SPLITS = ("train", "valid")
+
+
+class UnknownTask(ValueError):
+    """A task name reasoning-gym does not have; the message names the closest ones."""
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One reasoning-gym task of a mix: its weight and its own config keys (difficulty)."""
+
+    name: str
+    weight: float = 1.0
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+def task_names() -> list[str]:
+    from reasoning_gym.factory import DATASETS
+
+    return sorted(DATASETS)
+
+
+def check_task_names(names: list[str]) -> None:
+    """Raise ``UnknownTask`` (one line, the closest known names) for the first unknown name."""
+    known = task_names()
+    for name in names:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
+            hint = (
+                f"closest: {', '.join(close)}"
+                if close
+                else f"known tasks include: {', '.join(known[:6])}, ..."
+            )
+            raise UnknownTask(f"unknown reasoning-gym task {name!r}; {hint}")
+
+
+def parse_tasks(spec: str | list[Any] | dict[str, Any]) -> list[TaskSpec]:
+    """``"chain_sum:2,basic_arithmetic"`` (name[:weight], comma separated), a list of names /
+    ``{name, weight, config}`` dicts, or a ``{name: weight}`` dict -> checked ``TaskSpec``s."""
+    items: list[TaskSpec] = []
+    if isinstance(spec, str):
+        for part in filter(None, (p.strip() for p in spec.split(","))):
+            name, _, w = part.partition(":")
+            items.append(TaskSpec(name.strip(), float(w) if w else 1.0))
+    elif isinstance(spec, dict):
+        items = [TaskSpec(k, float(v)) for k, v in spec.items()]
+    else:
+        for s in spec:
+            items.append(
+                TaskSpec(s)
+                if isinstance(s, str)
+                else TaskSpec(s["name"], float(s.get("weight", 1.0)), dict(s.get("config") or {}))
+            )
+    if not items:
+        raise ValueError("no reasoning-gym task given")
+    if len({t.name for t in items}) != len(items):
+        raise ValueError("a reasoning-gym task is named twice")
+    if any(t.weight <= 0 for t in items):
+        raise ValueError("reasoning-gym task weights must be > 0")
+    check_task_names([t.name for t in items])
+    return items
+
+
+def _seed(seed: int, *parts: Any) -> int:
+    h = hashlib.sha256(":".join(map(str, (seed, *parts))).encode()).digest()
+    return int.from_bytes(h[:4], "big")
+
+
+def _counts(tasks: list[TaskSpec], n: int, seed: int, split: str) -> list[int]:
+    """How many of the split's ``n`` rows each task gets: row j's task is drawn by weight from
+    an rng seeded by (seed, split), so the mix is the same on every machine."""
+    rng = random.Random(_seed(seed, split, "mix"))
+    picks = rng.choices(range(len(tasks)), weights=[t.weight for t in tasks], k=n)
+    return [picks.count(i) for i in range(len(tasks))]
+
+
+def make_dataset(task: str, config: dict[str, Any], size: int, seed: int):
+    """The task's reasoning-gym dataset (its own generator and verifier)."""
+    import reasoning_gym
+
+    try:
+        return reasoning_gym.create_dataset(task, size=size, seed=seed, **config)
+    except TypeError as e:  # an unknown config key reaches the task's config dataclass
+        raise ValueError(f"reasoning-gym task {task!r}: bad config {config}: {e}") from None
+
+
+def _task_entries(
+    t: TaskSpec, n: int, seed: int, split: str, avoid: set[str]
+) -> list[dict[str, Any]]:
+    if n == 0:
+        return []
+    size = 2 * n + 16  # spare problems for those skipped as held-out duplicates
+    ds = make_dataset(t.name, t.config, size, _seed(seed, split, t.name))
+    out, seen = [], set(avoid)
+    for i in range(size):
+        e = ds[i]
+        if e["question"] in seen:
+            continue
+        seen.add(e["question"])
+        entry = json.loads(
+            json.dumps(
+                {
+                    "question": e["question"],
+                    "answer": e["answer"],
+                    "metadata": e.get("metadata", {}),
+                }
+            )
+        )
+        score = ds.score_answer(entry["answer"], entry)
+        if score != 1.0:
+            raise ValueError(
+                f"reasoning-gym task {t.name!r}: its verifier scores its own answer "
+                f"{score} after a JSON round trip; this task cannot be used as rows"
+            )
+        out.append(entry)
+        if len(out) == n:
+            return out
+    if split == "train" and out:  # a small problem space: its problems again, in turn
+        return [out[i % len(out)] for i in range(n)]
+    raise ValueError(
+        f"reasoning-gym task {t.name!r}: only {len(out)} distinct {split} problems "
+        f"of {n}; raise its difficulty or ask for fewer"
+    )
+
+
+def build_rows(
+    tasks: list[TaskSpec],
+    n: int,
+    seed: int = 0,
+    split: str = "train",
+    system_prompt: str = "default",
+    avoid: set[str] | None = None,
+    answer_prefix: str = "",
+) -> list[dict[str, Any]]:
+    """``n`` rows of one split, in a seeded shuffled order. ``avoid``: questions to leave out
+    (the held-out questions when building train). ``answer_prefix`` (e.g. ``"<answer>"``): the
+    assistant turn starts with it, and the model continues from there (a prefill)."""
+    from reasoning_gym.utils import SYSTEM_PROMPTS
+
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, not {split!r}")
+    if system_prompt not in SYSTEM_PROMPTS:
+        raise ValueError(
+            f"system_prompt must be one of {sorted(SYSTEM_PROMPTS)}, not {system_prompt!r}"
+        )
+    rows = []
+    for t, k in zip(tasks, _counts(tasks, n, seed, split)):
+        for e in _task_entries(t, k, seed, split, avoid or set()):
+            rows.append(
+                {
+                    "task": t.name,
+                    "task_config": t.config,
+                    **e,
+                    "messages": [
+                        {"role": "system", "content": SYSTEM_PROMPTS[system_prompt]},
+                        {"role": "user", "content": e["question"]},
+                        *(
+                            [{"role": "assistant", "content": answer_prefix}]
+                            if answer_prefix
+                            else []
+                        ),
+                    ],
+                }
+            )
+    random.Random(_seed(seed, split, "order")).shuffle(rows)
+    return [{"id": i, **r} for i, r in enumerate(rows)]
+
+
+def write_reasoning_gym(
+    out_dir: str | Path,
+    tasks: list[TaskSpec],
+    n_train: int = 2000,
+    n_valid: int = 200,
+    seed: int = 0,
+    system_prompt: str = "default",
+    answer_prefix: str = "",
+) -> dict[str, Path]:
+    """Write ``valid.jsonl`` and ``train.jsonl`` (no question in both) into ``out_dir``."""
+    valid = build_rows(tasks, n_valid, seed, "valid", system_prompt, answer_prefix=answer_prefix)
+    train = build_rows(
+        tasks,
+        n_train,
+        seed,
+        "train",
+        system_prompt,
+        avoid={r["question"] for r in valid},
+        answer_prefix=answer_prefix,
+    )
+    out = Path(out_dir)  # created only once every row is built and checked
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for split, rows in (("train", train), ("valid", valid)):
+        paths[split] = out / f"{split}.jsonl"
+        paths[split].write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return paths

