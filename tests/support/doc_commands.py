@@ -47,12 +47,16 @@ RULES: list[tuple[str, str, str]] = [
      "makes every pre-launch check of the same command"),
     (_ARE + r"main-job --moe", "skip", "the MoE job builds its own assets (minutes); "
      "tests/trainer/test_moe_grpo.py runs its GRPO with routing replay"),
+    (_ARE + r"real-model-job", "skip", "imports SmolLM2 and trains it for minutes; "
+     "tests/trainer/test_smollm2_grpo.py runs its short form, tests/cli/test_cli.py its "
+     "refusal of an unknown task"),
+    (_ARE + r"rg-data ", "run", "seconds"),
     (_ARE + r"(main|agent|vision)-job", "job-config", "a whole job (minutes): its GRPO and SFT "
      "configs are resolved with the command's overrides"),
     (r"^make run$", "job-config", "the main job (minutes), as `arealite main-job`"),
     (r"^\.venv/bin/python -c \"from arealite\.demo\.toy_math import", "run", "seconds"),
     (r"^python make_data\.py$", "run", "seconds"),
-    (r"^make (test|setup-vllm)", "skip", "the suite itself / an install"),
+    (r"^make (test|setup-vllm|setup-trl)", "skip", "the suite itself / an install"),
     (r"^make gpu-check", "skip", "a benchmark of minutes (tests/benchmarks/gpu_check runs its parts)"),
     (r"^\.venv/bin/python -m pytest", "skip", "the suite itself"),
     (r"^(ray |RAY_ADDRESS=|python -m arealite\.launcher\.ray )", "skip",
