@@ -39,7 +39,7 @@ def test_moe_grpo_replays_the_servers_routing(tmp_path, tiny_moe_dir):
 
 @pytest.mark.parametrize("case", ["dense", "vllm-cpu"])
 def test_routing_replay_without_experts_is_refused_before_anything_starts(
-    tmp_path, tiny_model_dir, tiny_moe_dir, capsys, case
+    tmp_path, tiny_model_dir, tiny_moe_dir, toy_data_dir, capsys, case
 ):
     model = tiny_model_dir if case == "dense" else tiny_moe_dir
     extra = ["launcher.server_backend=vllm", "servers.device=cpu"] if case == "vllm-cpu" else []
@@ -49,6 +49,9 @@ def test_routing_replay_without_experts_is_refused_before_anything_starts(
             f"cluster.fileroot={tmp_path}",
             f"actor.path={model}",
             "actor.routing_replay=true",
+            # data of its own: a clean clone has no outputs/assets (the dataset check comes first)
+            f"train_dataset.path={toy_data_dir / 'train.jsonl'}",
+            f"valid_dataset.path={toy_data_dir / 'valid.jsonl'}",
             *extra,
             "--dry-run",
         ]
