@@ -8,7 +8,9 @@ when one of its functions ran outside an import. It also records the lines that 
 *window*: while one of the entry functions (``path:function``) was on the stack of the thread, or
 in a task or callback that the window scheduled (a ``ContextVar`` that asyncio's tasks and
 ``call_soon_threadsafe`` copy), so a weight push's client half on the rollout client's event loop is
-counted while the rollouts that share that loop are not.
+counted while the rollouts that share that loop are not. And, apart, the lines that ran after a
+*mark* function was first called (in any thread): e.g. the first phase of the first step, so
+what only the set-up runs can be told from what every step runs.
 
 Every Python process of a run loads it through a generated ``sitecustomize`` (``install_from_env``:
 the roots, entries and output folder in ``LINE_TRACE_*``) and writes ``<pid>.json`` into the output
@@ -33,6 +35,7 @@ ENV_DIR = "LINE_TRACE_DIR"  # where each process writes <pid>.json
 ENV_ROOTS = "LINE_TRACE_ROOTS"  # os.pathsep-separated folders whose files are traced
 ENV_ENTRIES = "LINE_TRACE_ENTRIES"  # comma-separated "relative/path.py:function" window entries
 ENV_BASE = "LINE_TRACE_BASE"  # paths in the output are relative to this folder
+ENV_MARKS = "LINE_TRACE_MARKS"  # comma-separated "relative/path.py:function" marks
 
 _IN_WINDOW: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "line_trace_window", default=False
@@ -51,27 +54,33 @@ def _at_import(frame: FrameType | None) -> bool:
 class LineTrace:
     """``sys.settrace`` over every thread, recording only files under ``roots``."""
 
-    def __init__(self, roots: list[str], entries: list[str], base: str) -> None:
+    def __init__(
+        self, roots: list[str], entries: list[str], base: str, marks: list[str] | None = None
+    ) -> None:
         self.roots = tuple(str(Path(r).resolve()) + os.sep for r in roots)
         self.base = str(Path(base).resolve()) + os.sep
         self.entries = {tuple(e.rsplit(":", 1)) for e in entries}
+        self.marks = {tuple(e.rsplit(":", 1)) for e in marks or []}
+        self.marked = False  # a mark function has been called
         self.run: dict[str, set[int]] = {}  # file -> lines run outside imports
         self.imported: dict[str, set[int]] = {}  # file -> lines run by imports
         self.window: dict[str, set[int]] = {}  # file -> lines run (outside imports) in a window
+        self.after: dict[str, set[int]] = {}  # file -> lines run (outside imports) after a mark
         self.functions: dict[str, set[str]] = {}  # file -> "name:first line" run outside imports
-        self._codes: dict[CodeType, tuple[str, bool] | None] = {}  # code -> (file, is entry)
+        self._codes: dict[CodeType, tuple[str, bool, bool] | None] = {}  # (file, entry, mark)
         self._run_codes: set[CodeType] = set()  # codes seen running outside an import
         self._tokens: dict[int, contextvars.Token] = {}  # id(frame) -> its window token
 
     # -- tracing -------------------------------------------------------------------------
-    def _info(self, code: CodeType) -> tuple[str, bool] | None:
+    def _info(self, code: CodeType) -> tuple[str, bool, bool] | None:
         info = self._codes.get(code, False)
         if info is False:
             path = code.co_filename
             info = None
             if path.startswith(self.roots):
                 rel = path[len(self.base) :] if path.startswith(self.base) else path
-                info = (rel, (rel, code.co_name) in self.entries)
+                key = (rel, code.co_name)
+                info = (rel, key in self.entries, key in self.marks)
             self._codes[code] = info
         return info
 
@@ -80,7 +89,7 @@ class LineTrace:
         info = self._info(code)
         if info is None:
             return None
-        rel, entry = info
+        rel, entry, mark = info
         if code not in self._run_codes:
             if (code.co_flags & inspect.CO_OPTIMIZED) and not _at_import(frame.f_back):
                 self._run_codes.add(code)
@@ -96,7 +105,10 @@ class LineTrace:
         self.functions.setdefault(rel, set()).add(f"{code.co_name}:{code.co_firstlineno}")
         if entry:
             self._tokens[id(frame)] = _IN_WINDOW.set(True)
+        if mark:
+            self.marked = True
         lines, window = self.run.setdefault(rel, set()), self.window.setdefault(rel, set())
+        after = self.after.setdefault(rel, set())
         tokens = self._tokens
 
         def at_run(f: FrameType, ev: str, a: Any) -> Any:
@@ -104,6 +116,8 @@ class LineTrace:
                 lines.add(f.f_lineno)
                 if _IN_WINDOW.get():
                     window.add(f.f_lineno)
+                if self.marked:
+                    after.add(f.f_lineno)
             elif ev == "return" and entry:  # a coroutine entry also "returns" at each await
                 token = tokens.pop(id(f), None)
                 if token is not None:
@@ -138,6 +152,7 @@ class LineTrace:
             "run": lists(self.run),
             "imported": lists(self.imported),
             "window": lists(self.window),
+            "after_mark": lists(self.after),
             "functions": lists(self.functions),
         }
 
@@ -155,7 +170,8 @@ def install_from_env() -> LineTrace | None:
         return None
     roots = [r for r in os.environ.get(ENV_ROOTS, "").split(os.pathsep) if r]
     entries = [e for e in os.environ.get(ENV_ENTRIES, "").split(",") if e]
-    trace = LineTrace(roots, entries, os.environ.get(ENV_BASE, os.getcwd()))
+    marks = [e for e in os.environ.get(ENV_MARKS, "").split(",") if e]
+    trace = LineTrace(roots, entries, os.environ.get(ENV_BASE, os.getcwd()), marks)
 
     def flush_every_second() -> None:
         while True:
@@ -175,7 +191,12 @@ SITECUSTOMIZE = "from benchmarks.harness.line_trace import install_from_env\n\ni
 
 
 def trace_env(
-    site_dir: Path, out_dir: Path, roots: list[Path], entries: list[str], base: Path
+    site_dir: Path,
+    out_dir: Path,
+    roots: list[Path],
+    entries: list[str],
+    base: Path,
+    marks: list[str] | None = None,
 ) -> dict[str, str]:
     """Environment variables that make every Python process started with them trace itself:
     ``site_dir`` gets the ``sitecustomize`` and goes first on ``PYTHONPATH`` (then ``base``)."""
@@ -189,4 +210,5 @@ def trace_env(
         ENV_ROOTS: os.pathsep.join(str(r) for r in roots),
         ENV_ENTRIES: ",".join(entries),
         ENV_BASE: str(base),
+        ENV_MARKS: ",".join(marks or []),
     }

@@ -17,6 +17,9 @@ What it counts (the issue's definition: "modules / lines on the path of one RL s
   less the contracts (``arealite/api/``), the helpers several layers share (``arealite/utils/``)
   and observability (``arealite/observe/``), and less ``__init__`` files. "Lines" is the modules'
   whole length (what a reader opens); "ran" is how many of those lines executed (at run time).
+  Printed with it, the part of that path that ran from the first ``rollout_batch`` on (what
+  every step runs, and the run's end; the rest ran only in the set-up: engines, model load,
+  the first evaluation, the consistency gate's build).
   The workflow (``workflows/``) and the launcher's and the server's modules are printed apart:
   they are other layers, not part of the step's path.
 - **weight push files**: the ``arealite`` modules, with the same exclusions, that ran inside
@@ -68,6 +71,7 @@ SERVER_WINDOW = [
         "work",
     )
 ]  # `work`: what the two update routes queue to the engine
+STEP_MARK = "arealite/trainer/rl_engines.py:rollout_batch"  # the first phase of a step
 TARGETS = {"modules": 12, "lines": 3500, "push_files": 8, "push_folders": 2}
 
 
@@ -145,10 +149,15 @@ def measure(
     trainer = by_role.get("trainer", [])
     if not trainer:
         raise ValueError("no trace from a trainer process")
-    run, window = merge(trainer, "run"), merge(trainer, "window")
+    run, window, step = (
+        merge(trainer, "run"),
+        merge(trainer, "window"),
+        merge(trainer, "after_mark"),
+    )
     servers = by_role.get("server", [])
     return {
         "path": summary(modules(run, length, counted)),
+        "step": summary(modules(step, length, counted)),
         "path_excluded": summary(modules(run, length, lambda p: p.startswith(EXCLUDED))),
         "workflows": summary(modules(run, length, lambda p: p.startswith("workflows/"))),
         "push": summary(modules(window, length, counted)),
@@ -182,6 +191,11 @@ def report(fig: dict[str, Any], weight_update: str) -> str:
                 "observe/, __init__)",
                 p,
             ),
+            table(
+                "  of which ran from the first rollout_batch on (what every step runs; the set-up"
+                " ran the rest)",
+                fig["step"],
+            ),
             table("  ran too, not counted (api/, utils/, observe/)", fig["path_excluded"]),
             table("  ran too, not counted (the workflow layer)", fig["workflows"]),
             table(f"one weight push ({weight_update}; trainer's sync_weights, same exclusions)", w),
@@ -196,6 +210,8 @@ def report(fig: dict[str, Any], weight_update: str) -> str:
             f"server process: {fig['server']['modules']} servers/ modules ran",
             f"reading path modules: {p['modules']} (target <= {TARGETS['modules']})",
             f"reading path lines: {p['lines']} (target <= {TARGETS['lines']})",
+            f"reading path from the first step on: {fig['step']['modules']} modules, "
+            f"{fig['step']['lines']} lines",
             f"weight push files: {w['modules']} (target <= {TARGETS['push_files']})",
             f"weight push folders: {len(w['folders'])} (target <= {TARGETS['push_folders']})",
         ]
@@ -216,6 +232,7 @@ def run_traced(root: Path, weight_update: str | None, timeout: float) -> list[di
             [ROOT / "arealite", ROOT / "servers", ROOT / "workflows"],
             [TRAINER_WINDOW, *SERVER_WINDOW],
             ROOT,
+            [STEP_MARK],
         ),
     }
     over = [
@@ -258,6 +275,9 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         choices=["distributed", "disk"],
         help="the push to trace (default: the config's, distributed)",
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="the same run (one step is already the short form)"
     )
     p.add_argument("--timeout", type=float, default=900.0, help="seconds for the traced run")
     p.add_argument("--root", default=None, help="work folder (default: a new temporary one)")

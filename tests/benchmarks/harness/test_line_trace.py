@@ -54,7 +54,7 @@ def test_window_follows_its_tasks_and_imports_are_apart(tmp_path: Path):
     pkg = tmp_path / "traced"
     pkg.mkdir()
     (pkg / "mod.py").write_text(MODULE)
-    trace = LineTrace([str(pkg)], ["traced/mod.py:push"], str(tmp_path))
+    trace = LineTrace([str(pkg)], ["traced/mod.py:push"], str(tmp_path), ["traced/mod.py:inside"])
     loop = asyncio.new_event_loop()
     trace.start()
     try:
@@ -99,6 +99,10 @@ def test_window_follows_its_tasks_and_imports_are_apart(tmp_path: Path):
     window = set(snap["window"][path])
     assert {at["run_coroutine"], at["return helper()"], at["return 1"]} <= window
     assert at["done.set()"] not in window and at["TABLE[name]"] not in window
+    # after the mark (inside's first call), in any thread: register's second call too
+    after = set(snap["after_mark"][path])
+    assert {at["return helper()"], at["return 1"], at["done.set()"], at["TABLE[name]"]} <= after
+    assert at["run_coroutine"] not in after  # push's line ran before inside was first called
     assert {f.split(":")[0] for f in snap["functions"][path]} >= {
         "push",
         "inside",

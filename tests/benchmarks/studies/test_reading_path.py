@@ -67,6 +67,7 @@ def test_measure_counts_what_ran_in_the_trainer():
                 "arealite/rollout/__init__.py": [3],
                 "workflows/rlvr.py": [50],
             },
+            "after_mark": {"arealite/weights/push.py": [81, 82], "arealite/api/io_struct.py": [10]},
             "window": {
                 "arealite/weights/push.py": [80, 81],
                 "arealite/rollout/remote_engine.py": [395],
@@ -96,6 +97,8 @@ def test_measure_counts_what_ran_in_the_trainer():
         "arealite/trainer/grpo.py",
     ]
     assert p["folders"] == ["arealite/rollout", "arealite/trainer", "arealite/weights"]
+    s = fig["step"]  # what ran from the first step on: push.py alone (io_struct not counted)
+    assert (s["modules"], s["lines"], s["ran"]) == (1, 146, 2)
     assert fig["path_excluded"]["modules"] == 1  # io_struct; http's empty list ran nothing
     assert fig["workflows"]["modules"] == 1
     w = fig["push"]
@@ -104,6 +107,7 @@ def test_measure_counts_what_ran_in_the_trainer():
     text = report(fig, "distributed")
     assert "reading path modules: 3 (target <= 12)" in text
     assert "weight push folders: 2 (target <= 2)" in text
+    assert "reading path from the first step on: 1 modules, 146 lines" in text
 
 
 def test_measure_refuses_a_run_without_a_trainer_trace():
