@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from arealite.api.config.loader import ConfigError, load_config, to_yaml
+from arealite.dataset.reasoning_gym import add_data_options
 
 
 class _Taken(Exception):
@@ -61,17 +62,13 @@ def _cmd_toy_data(args: argparse.Namespace) -> int:
 
 
 def _cmd_rg_data(args: argparse.Namespace) -> int:
-    import json
-
-    from arealite.dataset.reasoning_gym import parse_tasks, write_reasoning_gym
+    from arealite.dataset.reasoning_gym import parse_tasks, with_configs, write_reasoning_gym
 
     try:
-        tasks = parse_tasks(args.tasks)
-        configs = json.loads(args.configs)
-        tasks = [t.__class__(t.name, t.weight, configs.get(t.name, {})) for t in tasks]
+        tasks = with_configs(parse_tasks(args.tasks), args.configs)
         paths = write_reasoning_gym(args.out, tasks, args.n_train, args.n_valid, args.seed,
                                     args.system_prompt, args.answer_prefix)
-    except (ValueError, json.JSONDecodeError) as e:
+    except ValueError as e:  # also bad JSON in --configs
         print(f"arealite: {e}", file=sys.stderr)
         return 2
     for p in paths.values():
@@ -175,16 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
     rg = sub.add_parser("rg-data", help="write reasoning-gym tasks as train/valid JSONL "
                         "(docs/real_model.md)")
     rg.add_argument("--out", required=True)
-    rg.add_argument("--tasks", required=True, help="name[:weight],... e.g. chain_sum:2,leg_counting")
-    rg.add_argument("--configs", default="{}", help="each task's own config (difficulty) as JSON: "
-                    '\'{"chain_sum": {"max_terms": 2}}\'')
-    rg.add_argument("--n-train", type=int, default=2000)
-    rg.add_argument("--n-valid", type=int, default=200)
-    rg.add_argument("--seed", type=int, default=0)
-    rg.add_argument("--system-prompt", default="direct",
-                    help="reasoning-gym's SYSTEM_PROMPTS entry put before each question")
-    rg.add_argument("--answer-prefix", default="<answer>",
-                    help="the start of the model's reply, prefilled ('' for none)")
+    add_data_options(rg, tasks=None, configs="{}", configs_help="each task's own config "
+                     '(difficulty) as JSON: \'{"chain_sum": {"max_terms": 2}}\'')
     rg.set_defaults(fn=_cmd_rg_data)
 
     v = sub.add_parser("toy-vision-data", help="write the toy visual counting task "

@@ -23,6 +23,7 @@ do not survive JSON fails here, not as silent zeros in training.
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import hashlib
 import json
@@ -92,6 +93,31 @@ def parse_tasks(spec: str | list[Any] | dict[str, Any]) -> list[TaskSpec]:
         raise ValueError("reasoning-gym task weights must be > 0")
     check_task_names([t.name for t in items])
     return items
+
+
+def with_configs(tasks: list[TaskSpec], configs: str | dict[str, Any]) -> list[TaskSpec]:
+    """``tasks`` with each one's config from ``configs`` (``{task: {key: value}}``, or that as
+    JSON, as ``--configs`` takes it); ``ValueError`` for JSON that is not such an object."""
+    table = json.loads(configs) if isinstance(configs, str) else configs
+    if not isinstance(table, dict):
+        raise ValueError(f"task configs must be a JSON object {{task: {{key: value}}}}, got {configs!r}")
+    return [TaskSpec(t.name, t.weight, table.get(t.name, {})) for t in tasks]
+
+
+def add_data_options(p: argparse.ArgumentParser, tasks: str | None, configs: str | None,
+                     configs_help: str, seed_flag: str = "--seed") -> None:
+    """The options that decide a data set's rows, as ``arealite rg-data`` and ``arealite
+    real-model-job`` both take them (``tasks``: the default, None: required)."""
+    p.add_argument("--tasks", required=tasks is None, default=tasks,
+                   help="reasoning-gym task[:weight],... e.g. chain_sum:2,leg_counting")
+    p.add_argument("--configs", default=configs, help=configs_help)
+    p.add_argument("--n-train", type=int, default=2000)
+    p.add_argument("--n-valid", type=int, default=200)
+    p.add_argument(seed_flag, type=int, default=0)
+    p.add_argument("--system-prompt", default="direct",
+                   help="reasoning-gym's SYSTEM_PROMPTS entry put before each question")
+    p.add_argument("--answer-prefix", default="<answer>",
+                   help="the start of the model's reply, prefilled ('' for none)")
 
 
 def _seed(seed: int, *parts: Any) -> int:

@@ -25,7 +25,13 @@ import time
 from pathlib import Path
 
 from arealite.api.config.loader import ConfigError, load_config
-from arealite.dataset.reasoning_gym import TaskSpec, parse_tasks, write_reasoning_gym
+from arealite.dataset.reasoning_gym import (
+    TaskSpec,
+    add_data_options,
+    parse_tasks,
+    with_configs,
+    write_reasoning_gym,
+)
 
 CONFIG = "configs/smollm2_rg_grpo.yaml"
 # Chosen by the sweep (docs/real_model.md#the-task-chosen-by-measurement): the two tasks where
@@ -60,20 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="arealite real-model-job", description=__doc__.split("\n\n")[0]
     )
-    p.add_argument("--tasks", default=DEFAULT_TASKS, help="reasoning-gym task[:weight],...")
-    p.add_argument(
-        "--configs",
-        default=None,
-        help="each task's own config (difficulty) as JSON; default: the sweep's choice",
-    )
-    p.add_argument("--n-train", type=int, default=2000)
-    p.add_argument("--n-valid", type=int, default=200)
-    p.add_argument("--data-seed", type=int, default=0)
-    p.add_argument("--system-prompt", default="direct", help="reasoning-gym SYSTEM_PROMPTS entry")
-    p.add_argument(
-        "--answer-prefix",
-        default="<answer>",
-        help="the start of the model's reply, prefilled ('' for none)",
+    add_data_options(
+        p,
+        tasks=DEFAULT_TASKS,
+        configs=None,
+        configs_help="each task's own config (difficulty) as JSON; default: the sweep's choice",
+        seed_flag="--data-seed",
     )
     p.add_argument("--lora", action="store_true", help="train a LoRA adapter (frozen base)")
     p.add_argument("overrides", nargs="*", help="config key=value overrides")
@@ -121,8 +119,7 @@ def main(argv: list[str] | None = None) -> int:
 
     a = build_parser().parse_args(argv)
     try:  # every check before anything is built or started
-        configs = DEFAULT_CONFIGS if a.configs is None else json.loads(a.configs)
-        tasks = [TaskSpec(t.name, t.weight, configs.get(t.name, {})) for t in parse_tasks(a.tasks)]
+        tasks = with_configs(parse_tasks(a.tasks), DEFAULT_CONFIGS if a.configs is None else a.configs)
         find_gguf()
         overrides = (LORA_OVERRIDES if a.lora else []) + list(a.overrides)
         fileroot = Path(load_config(CONFIG, overrides).cluster.fileroot)

@@ -33,6 +33,8 @@ same call, so the synchronous step keeps its rows); a row given up on is dropped
 Every accepted trajectory is stamped with its episode's serial number (``episode_ids``, one per
 launch over the whole run: the counter is saved with the data state) and the epoch its row was
 drawn in (``data_epochs``, -1 when it came from no dataloader): the run's ledger records them.
+What became of each trajectory (serials, stale drops, tokens and lengths by fate) is counted in
+``accounting.py``'s ``RolloutAccounts``; rows redrawn or dropped, in ``data_cycle.py``.
 """
 
 from __future__ import annotations
@@ -61,12 +63,12 @@ from arealite.api.trajectory import (
 )
 from arealite.api.workflow_api import RolloutWorkflow
 from arealite.observe.idle_time import IdleMeter
-from arealite.observe.length_bias import generated_lengths
 from arealite.observe.rollout_observer import RolloutObserver
 from arealite.rollout import staleness
+from arealite.rollout.accounting import RolloutAccounts
 from arealite.rollout.data_cycle import DataCycle, DataloaderFeed
 from arealite.rollout.loop_thread import LoopThread
-from arealite.rollout.staleness import StalenessManager, generated_tokens, take_oldest
+from arealite.rollout.staleness import StalenessManager, take_oldest
 
 logger = logging.getLogger("arealite.rollout.executor")
 
@@ -123,14 +125,8 @@ class WorkflowExecutor(DataloaderFeed):
         self._cond = threading.Condition()
         self._paused = False
         self._held = False  # drain(): no new episode, running ones go on generating
-        self._stale = 0
-        self._episodes = 0  # episodes launched over the whole run (restored): the next serial
+        self._accounts = RolloutAccounts()  # serials, stale drops, tokens and lengths by fate
         self._gate_counts: dict[str, int] = {}  # restored before the gate exists
-        self._tokens = {"stale_tokens": 0, "trained_tokens": 0}  # generated tokens, by fate
-        # every finished trajectory's rows, whatever their fate, against the trained ones: the
-        # run's length bias (observe/length_bias.py); take_generated() empties _generated
-        self._seqs = {"gen_seqs": 0, "gen_tokens": 0, "trained_seqs": 0, "trained_gen_tokens": 0}
-        self._generated: list[tuple[list[int], list[float]]] = []
         self.episode_retries = config.episode_retries
         self._fail_streak = 0  # episodes failed in a row (reset by any episode that finishes)
         self._last_failure = ""
@@ -210,7 +206,7 @@ class WorkflowExecutor(DataloaderFeed):
                     return
                 item = self._input.popleft()
                 key = next(self._launches)
-                serial, self._episodes = self._episodes, self._episodes + 1
+                serial = self._accounts.next_serial()
                 if not self._running:
                     self._idle.busy()
                 self._running[key] = item
@@ -265,7 +261,7 @@ class WorkflowExecutor(DataloaderFeed):
                 else:
                     self._results.append(_Result(traj, start_version, item.group, item.data,
                                                  item.attempts, item.epoch))
-                    self._note_generated(traj)
+                    self._accounts.finished(traj)
                     g.on_accept()
                 self._finish_group_locked(item.group)
                 self._cond.notify_all()
@@ -424,8 +420,7 @@ class WorkflowExecutor(DataloaderFeed):
             dropped = 0
             for r in taken:  # user code runs outside the lock
                 if self.gate.is_stale(r.start_version):
-                    self._stale += 1
-                    self._tokens["stale_tokens"] += generated_tokens(r.traj)
+                    self._accounts.dropped_stale(r.traj)
                     dropped += 1
                     # counted in rollout/stale each step; one line per drop drowned the console
                     logger.debug("dropped a trajectory started at version %d (stale)", r.start_version)
@@ -445,30 +440,14 @@ class WorkflowExecutor(DataloaderFeed):
         # every 0.5 s), inflating rollout/trained_tokens and so deflating
         # rollout/untrained_token_share (found by the length-bias counters)
         for r in kept:
-            self._tokens["trained_tokens"] += generated_tokens(r.traj)
-            lens = generated_lengths(r.traj)
-            self._seqs["trained_seqs"] += len(lens)
-            self._seqs["trained_gen_tokens"] += sum(lens)
+            self._accounts.trained(r.traj)
         return kept
-
-    def _note_generated(self, traj: TensorDict) -> None:
-        """A finished trajectory's rows: generated lengths and rewards (call under ``_cond``)."""
-        lens = generated_lengths(traj)
-        if not lens:
-            return
-        rw = traj.get("rewards")
-        self._generated.append((lens, [] if rw is None else rw.reshape(-1).float().tolist()))
-        self._seqs["gen_seqs"] += len(lens)
-        self._seqs["gen_tokens"] += int(sum(lens))
-        if len(self._generated) > 4096:  # nobody takes them (a caller without the stats)
-            del self._generated[:2048]
 
     def take_generated(self) -> tuple[list[int], list[float]]:
         """Generated lengths and rewards of the trajectories finished since the previous call
         (trained, dropped as stale or turned down alike): the length-bias stats' other side."""
         with self._cond:
-            items, self._generated = self._generated, []
-        return [n for lens, _ in items for n in lens], [r for _, rw in items for r in rw]
+            return self._accounts.take_generated()
 
     def _check_failing(self, kept: list[_Result]) -> None:
         """Raise when the last max(16, 4·B) episodes all failed (call under ``_cond``)."""
@@ -541,12 +520,12 @@ class WorkflowExecutor(DataloaderFeed):
             pending, ready = len(self._input), len(self._results)
         return {
             "submitted": s.submitted, "running": s.running, "accepted": s.accepted,
-            "rejected": s.rejected, "failed": s.failed, "stale": self._stale,
+            "rejected": s.rejected, "failed": s.failed, "stale": self._accounts.stale,
             "redrawn": self._data.redrawn, "dropped": self._data.dropped,
             **{f"dropped_{k}": n for k, n in sorted(self._data.dropped_by.items())},
-            "episodes": self._episodes,
+            "episodes": self._accounts.episodes,
             "pending": pending, "ready": ready, "capacity": self.gate.capacity(),
-            "version": self.gate.version, **self._tokens, **self._seqs,
+            "version": self.gate.version, **self._accounts.tokens, **self._accounts.seqs,
         }
 
     def counter_state(self) -> dict[str, int]:
@@ -554,15 +533,10 @@ class WorkflowExecutor(DataloaderFeed):
         serial, stale drops and tokens by fate, and the gate's failed / rejected counts."""
         s = self.gate.stat() if self.gate is not None else None
         gate = {"failed": s.failed, "rejected": s.rejected} if s else dict(self._gate_counts)
-        return {"episodes": self._episodes, "stale": self._stale, **self._tokens, **self._seqs,
-                **gate}
+        return {**self._accounts.state(), **gate}
 
     def load_counter_state(self, state: dict[str, int]) -> None:
-        self._episodes = int(state.get("episodes", 0))
-        self._stale = int(state.get("stale", 0))
-        for d in (self._tokens, self._seqs):
-            for k in d:
-                d[k] = int(state.get(k, 0))
+        self._accounts.load_state(state)
         self._gate_counts = {k: int(state[k]) for k in ("failed", "rejected") if k in state}
         if self.gate is not None:
             self.gate.restore_counts(**self._gate_counts)

@@ -72,7 +72,7 @@ from arealite.utils.http import (
 )
 from arealite.utils.keys import HINT, ClientKeys
 from arealite.utils.network import parse_addrs
-from arealite.weights.adapters import AdapterVersions
+from arealite.weights.adapter_versions import AdapterVersions
 from arealite.weights.fanout import GroupLayout, WeightSync, group_layout
 from arealite.weights.table import transport_for
 from arealite.weights.transport import PoolSide

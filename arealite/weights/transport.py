@@ -29,7 +29,7 @@ from arealite.api.config.weights import WeightUpdateConfig
 from arealite.api.io_struct import WeightUpdateMeta, WeightUpdateReport
 
 if TYPE_CHECKING:  # the client's shared mechanisms: handed in, never built here
-    from arealite.weights.adapters import AdapterVersions
+    from arealite.weights.adapter_versions import AdapterVersions
     from arealite.weights.fanout import WeightSync
     from arealite.weights.upload import DistributedUploader
 

@@ -144,10 +144,13 @@ class DistributedUploader:
         self.pg: dist.ProcessGroup | None = None
         self.key: tuple | None = None
         self._bufs: list[torch.Tensor | None] = [None, None]
-        self.vllm = VLLMSender(device)  # meta.receiver == "vllm": vLLM's transfer engine
+        # meta.receiver == "vllm": vLLM's transfer engine, made on the first such update (a run
+        # on SGLang or embedded servers never builds or closes one)
+        self.vllm: VLLMSender | None = None
 
     def close(self) -> None:
-        self.vllm.close()
+        if self.vllm is not None:
+            self.vllm.close()
         destroy_custom_process_group(self.pg)
         self.pg, self.key = None, None
         self._bufs = [None, None]
@@ -250,6 +253,7 @@ class DistributedUploader:
             try:
                 self._wait_world_size(meta, deadline)  # the client then has set meta.receiver
                 if meta.receiver == "vllm":
+                    self.vllm = self.vllm or VLLMSender(self.device)
                     send = self.vllm.start(meta, deadline, _abortable)
                 else:
                     pg = self._group(meta, deadline)

@@ -4,6 +4,7 @@ commands, the run's logs, and the processes under a launcher (to kill one of the
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 import time
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import requests
 
 ROOT = Path(__file__).parents[2]
 EXPERIMENT = "toy-grpo"  # experiment_name of configs/toy_grpo*.yaml
@@ -57,16 +59,24 @@ def last_step(fileroot: Path, trial: str) -> int:
     return max((r["step"] for r in metrics(fileroot, trial)), default=-1)
 
 
+def poll_until(cond: Callable[[], bool], proc, timeout: float, poll: float = 0.05) -> bool:
+    """Poll ``cond`` until it holds (True); False once ``proc`` has ended or after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            return False
+        time.sleep(poll)
+    return True
+
+
 def wait_until(cond: Callable[[], bool], proc, log: str, timeout: float, what: str,
                poll: float = 0.05) -> None:
     """Poll ``cond`` until it holds; fail with the log's tail on timeout or when ``proc`` ends."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if proc.poll() is not None:
-            raise AssertionError(f"exited ({proc.returncode}) before {what}:\n{log_tail(log, 60)}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}:\n{log_tail(log, 60)}")
-        time.sleep(poll)
+    if poll_until(cond, proc, timeout, poll):
+        return
+    if proc.poll() is not None:
+        raise AssertionError(f"exited ({proc.returncode}) before {what}:\n{log_tail(log, 60)}")
+    raise AssertionError(f"timed out waiting for {what}:\n{log_tail(log, 60)}")
 
 
 def wait_exit(proc, log: str, timeout: float) -> int:
@@ -98,6 +108,48 @@ def is_trainer_worker(cmd: list[str]) -> bool:
 
 def is_server(cmd: list[str]) -> bool:
     return "servers.launch_server" in " ".join(cmd)
+
+
+def paused_server(launcher_pid: int, http_timeout: float = 1.0) -> psutil.Process | None:
+    """A server under the launcher caught inside a weight update (``/server_info`` says paused),
+    or None: one look at each."""
+    for s in descendants(launcher_pid, is_server):
+        try:
+            cmd = s.cmdline()
+            port = cmd[cmd.index("--port") + 1]
+            st = requests.get(f"http://127.0.0.1:{port}/server_info", timeout=http_timeout).json()
+        except (psutil.Error, ValueError, IndexError, requests.RequestException):
+            continue
+        if st.get("internal_states", [{}])[0].get("paused"):
+            return s
+    return None
+
+
+def catch_paused_server(proc, timeout: float, http_timeout: float = 1.0) -> psutil.Process | None:
+    """Poll (as fast as HTTP allows) until a server under the launcher ``proc`` is caught inside
+    a weight update; None when the launcher ended or ``timeout`` s passed first."""
+    hit: list[psutil.Process] = []
+
+    def caught() -> bool:
+        s = paused_server(proc.pid, http_timeout)
+        if s is not None:
+            hit.append(s)
+        return s is not None
+
+    return hit[-1] if poll_until(caught, proc, timeout, poll=0.0) else None
+
+
+def signal_group(pid: int, sig: int) -> bool:
+    """``sig`` to the process group ``pid`` leads (a launcher, a server: each starts its own),
+    else to ``pid`` alone; False when it is gone."""
+    try:
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, sig)
+        else:
+            os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
 
 
 def fresh_run_dir(fileroot: Path, experiment: str, trial: str) -> Path:

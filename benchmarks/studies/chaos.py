@@ -38,9 +38,9 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-import requests
 
 from benchmarks.harness.grpo_runs import (
+    catch_paused_server,
     descendants,
     is_server,
     is_trainer_worker,
@@ -49,6 +49,7 @@ from benchmarks.harness.grpo_runs import (
     log_tail,
     metrics,
     run_dir,
+    signal_group,
     small_run,
     wait_exit,
     wait_until,
@@ -84,31 +85,6 @@ def start(config: str, fileroot: Path, trial: str, over: list[str]):
     return proc, log.name
 
 
-def kill_group(pid: int, sig: int) -> None:
-    try:
-        os.killpg(os.getpgid(pid), sig) if os.getpgid(pid) == pid else os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
-
-
-def wait_paused_server(proc, log: str, timeout: float) -> psutil.Process:
-    """A server caught inside a weight update (paused); polled as fast as HTTP allows."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for s in descendants(proc.pid, is_server):
-            cmd = s.cmdline()
-            port = cmd[cmd.index("--port") + 1]
-            try:
-                st = requests.get(f"http://127.0.0.1:{port}/server_info", timeout=2).json()
-            except (requests.RequestException, ValueError):
-                continue
-            if st["internal_states"][0].get("paused"):
-                return s
-        if proc.poll() is not None:
-            break
-    raise RuntimeError(f"never caught a server inside a weight update:\n{log_tail(log, 40)}")
-
-
 def fault(scenario: str, proc, log: str, fileroot: Path, trial: str) -> float:
     """Inject the fault; returns the monotonic time it happened."""
     wait_until(lambda: last_step(fileroot, trial) >= FAULT_AFTER, proc, log, 300,
@@ -116,7 +92,9 @@ def fault(scenario: str, proc, log: str, fileroot: Path, trial: str) -> float:
     if scenario == "server-mid-generation":
         victim = descendants(proc.pid, is_server)[-1]
     elif scenario == "server-mid-update":
-        victim = wait_paused_server(proc, log, 120)
+        victim = catch_paused_server(proc, 120, http_timeout=2.0)
+        if victim is None:
+            raise RuntimeError(f"never caught a server inside a weight update:\n{log_tail(log, 40)}")
     elif scenario == "trainer":
         victim = descendants(proc.pid, is_trainer_worker)[0]
     else:
@@ -124,7 +102,7 @@ def fault(scenario: str, proc, log: str, fileroot: Path, trial: str) -> float:
         os.kill(proc.pid, signal.SIGTERM)
         return t
     t = time.monotonic()
-    kill_group(victim.pid, signal.SIGKILL)
+    signal_group(victim.pid, signal.SIGKILL)
     return t
 
 
@@ -154,7 +132,7 @@ def run_one(scenario: str | None, config: str, root: Path, base_over: list[str],
         if code != 0:
             res["log"] = log_tail(log, 30)
     finally:
-        kill_group(proc.pid, signal.SIGKILL) if proc.poll() is None else None
+        signal_group(proc.pid, signal.SIGKILL) if proc.poll() is None else None
     res["wall_s"] = round(time.monotonic() - t0, 1)
     time.sleep(1.0)  # children the launcher killed need a moment to be reaped
     res["left_behind"] = left_behind(str(fileroot))

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import signal
 import subprocess
@@ -50,9 +49,9 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-import requests
 
 from benchmarks.harness.grpo_runs import (
+    catch_paused_server,
     descendants,
     is_server,
     is_trainer_worker,
@@ -60,7 +59,9 @@ from benchmarks.harness.grpo_runs import (
     launcher_cmd,
     log_tail,
     metrics,
+    poll_until,
     run_dir,
+    signal_group,
     small_run,
 )
 from benchmarks.harness.paths import results_dir
@@ -131,19 +132,12 @@ class Run:
 
     def stop(self) -> None:
         if self.alive():
-            _killpg(self.proc.pid, signal.SIGKILL)
+            signal_group(self.proc.pid, signal.SIGKILL)
             self.proc.wait(30)
 
     @property
     def recover(self) -> Path:
         return run_dir(self.fileroot, self.trial) / "recover"
-
-
-def _killpg(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _latest_ckpt(root: Path) -> tuple[Path | None, int | None]:
@@ -153,31 +147,6 @@ def _latest_ckpt(root: Path) -> tuple[Path | None, int | None]:
     if d is None:
         return None, None
     return d, load_recover_info(d).step + 1  # logged steps are step + 1
-
-
-def _paused_server(run: Run) -> psutil.Process | None:
-    for s in descendants(run.proc.pid, is_server):
-        try:
-            cmd = s.cmdline()
-            port = cmd[cmd.index("--port") + 1]
-            st = requests.get(f"http://127.0.0.1:{port}/server_info", timeout=1).json()
-        except (psutil.Error, ValueError, IndexError, requests.RequestException):
-            continue
-        if st.get("internal_states", [{}])[0].get("paused"):
-            return s
-    return None
-
-
-def _wait(cond, run: Run, timeout: float, poll: float = 0.01) -> bool:
-    """Poll ``cond`` until it holds (True), the launcher exits or the time is up (False)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        if not run.alive():
-            return False
-        time.sleep(poll)
-    return False
 
 
 def _trainer(run: Run) -> psutil.Process | None:
@@ -191,8 +160,8 @@ def strike(run: Run, kill: Kill, rng: random.Random, steps: int, timeout: float)
     at = min(max(base, 0) + kill.gap, steps - 1)
     # and a checkpoint to resume from: a run killed before its first one starts afresh, which
     # the launcher does not do by itself (and a run folder holding a run may refuse)
-    if not _wait(lambda: last_step(run.fileroot, run.trial) >= at
-                 and _latest_ckpt(run.recover)[0] is not None, run, timeout):
+    if not poll_until(lambda: last_step(run.fileroot, run.trial) >= at
+                      and _latest_ckpt(run.recover)[0] is not None, run.proc, timeout, poll=0.01):
         return None
     step = last_step(run.fileroot, run.trial)
     target = kill.target
@@ -202,18 +171,11 @@ def strike(run: Run, kill: Kill, rng: random.Random, steps: int, timeout: float)
     ckpt_dir = run.recover
     victim: psutil.Process | None = None
     if kill.phase == "checkpoint":
-        caught = _wait(lambda: any(ckpt_dir.glob(".tmp-step*")), run, 20, poll=0.002)
+        caught = poll_until(lambda: any(ckpt_dir.glob(".tmp-step*")), run.proc, 20, poll=0.002)
     elif kill.phase == "push":
-        hit: list[psutil.Process] = []
-
-        def paused() -> bool:
-            s = _paused_server(run)
-            if s is not None:
-                hit.append(s)
-            return s is not None
-
-        caught = _wait(paused, run, 20, poll=0.0)
-        victim = hit[0] if hit and target == "server" else None
+        s = catch_paused_server(run.proc, 20)
+        caught = s is not None
+        victim = s if caught and target == "server" else None
     elif kill.phase == "update":
         rows = [r for r in metrics(run.fileroot, run.trial) if r.get("step") == step]
         t = rows[-1] if rows else {}
@@ -234,9 +196,7 @@ def strike(run: Run, kill: Kill, rng: random.Random, steps: int, timeout: float)
         victim = victim or (descendants(run.proc.pid, is_server) or [None])[-1]
         if victim is None:
             return None
-        try:
-            _killpg(victim.pid, signal.SIGKILL) if os.getpgid(victim.pid) == victim.pid else victim.kill()
-        except (ProcessLookupError, psutil.Error):
+        if not signal_group(victim.pid, signal.SIGKILL):
             return None
         run.servers_killed += 1
     else:

@@ -99,7 +99,14 @@ def test_reasoning_gym_commands_refuse_an_unknown_task_in_one_line(tmp_path, cap
     assert err == "arealite: unknown reasoning-gym task 'gcdd'; closest: gcd", err
     assert main(["rg-data", "--out", str(out), "--tasks", "gcd", "--configs", '{"gcd": {"x": 1}}']) == 2
     assert "bad config" in capsys.readouterr().err
+    # --configs that is JSON but not {task: {...}}: one line, for both commands alike
+    assert main(["rg-data", "--out", str(out), "--tasks", "gcd", "--configs", "[1]"]) == 2
+    err_configs = capsys.readouterr().err.strip()
+    assert err_configs.startswith("arealite: task configs must be a JSON object"), err_configs
+    assert "\n" not in err_configs
     assert not out.exists()  # refused before anything was written
+    assert main(["real-model-job", "--configs", "[1]", f"cluster.fileroot={tmp_path}"]) == 2
+    assert capsys.readouterr().err.strip() == err_configs
     # the job: the same line, before the model import, the data or any process
     assert main(["real-model-job", "--tasks", "gcdd", f"cluster.fileroot={tmp_path}"]) == 2
     assert capsys.readouterr().err.strip() == err
