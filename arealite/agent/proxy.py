@@ -14,8 +14,11 @@ an agent's ``temperature``/``top_p`` are ignored, its ``max_tokens``/``max_compl
 can only lower ``gconfig.max_new_tokens``, and ``n`` must be 1. A streamed call is answered
 after generation, as one content chunk (tool calls in one chunk), then the finish chunk.
 
-Routes (all in OpenAI's error shape on failure): ``POST /sessions`` (start; returns the id),
-``POST /sessions/{id}/v1/chat/completions``, ``GET /sessions/{id}/v1/models``,
+Routes (in OpenAI's error shape on failure unless said): ``POST /sessions`` (start; returns the id),
+``POST /sessions/{id}/v1/chat/completions``, ``POST /sessions/{id}/v1/responses`` (OpenAI's
+Responses API, ``arealite.agent.responses_api``), ``POST /sessions/{id}/v1/messages`` and
+``.../v1/messages/count_tokens`` (Anthropic's Messages API, ``arealite.agent.messages_api``;
+errors in Anthropic's shape), ``GET /sessions/{id}/v1/models``,
 ``POST /sessions/{id}/reward`` (``{"reward": r, "turn": null | int | completion id}``),
 ``POST /sessions/{id}/end``.
 """
@@ -35,6 +38,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from arealite.agent import messages_api, responses_api
 from arealite.agent.chat import (
     ChatRequestError,
     assistant_close,
@@ -78,6 +82,10 @@ class AgentProxy:
         self.app = Starlette(routes=[
             Route("/sessions", self._http_start, methods=["POST"]),
             Route("/sessions/{sid}/v1/chat/completions", self._http_chat, methods=["POST"]),
+            Route("/sessions/{sid}/v1/responses", self._http_responses, methods=["POST"]),
+            Route("/sessions/{sid}/v1/messages", self._http_messages, methods=["POST"]),
+            Route("/sessions/{sid}/v1/messages/count_tokens", self._http_count_tokens,
+                  methods=["POST"]),
             Route("/sessions/{sid}/v1/models", self._http_models, methods=["GET"]),
             Route("/sessions/{sid}/reward", self._http_reward, methods=["POST"]),
             Route("/sessions/{sid}/end", self._http_end, methods=["POST"]),
@@ -101,15 +109,28 @@ class AgentProxy:
         s.end()
         return s
 
+    def _in_process(self, sdk: Any, base: str) -> Any:
+        """An HTTP client of the SDK's own httpx flavour whose transport calls this app."""
+        hx = importlib.import_module(sdk.DefaultAsyncHttpxClient.__mro__[1].__module__.split(".")[0])
+        return hx.AsyncClient(transport=hx.ASGITransport(app=self.app), base_url=base, timeout=None)
+
     def client(self, session: AgentSession, **kwargs: Any) -> Any:
-        """An ``openai.AsyncOpenAI`` bound to ``session`` that calls this proxy in process."""
+        """An ``openai.AsyncOpenAI`` bound to ``session`` that calls this proxy in process
+        (chat completions and the Responses API)."""
         import openai
 
-        hx = importlib.import_module(openai.DefaultAsyncHttpxClient.__mro__[1].__module__.split(".")[0])
         base = f"http://arealite-proxy/sessions/{session.session_id}/v1"
-        http = hx.AsyncClient(transport=hx.ASGITransport(app=self.app), base_url=base, timeout=None)
-        return openai.AsyncOpenAI(base_url=base, api_key="arealite", http_client=http,
-                                  max_retries=0, **kwargs)
+        return openai.AsyncOpenAI(base_url=base, api_key="arealite", max_retries=0,
+                                  http_client=self._in_process(openai, base), **kwargs)
+
+    def anthropic_client(self, session: AgentSession, **kwargs: Any) -> Any:
+        """An ``anthropic.AsyncAnthropic`` bound to ``session`` that calls this proxy in process
+        (the Messages API)."""
+        import anthropic
+
+        base = f"http://arealite-proxy/sessions/{session.session_id}"
+        return anthropic.AsyncAnthropic(base_url=base, api_key="arealite", max_retries=0,
+                                        http_client=self._in_process(anthropic, base), **kwargs)
 
     # ---- one chat call ---------------------------------------------------------------------
     def _place(self, session: AgentSession, messages: list[dict], tools: list | None,
@@ -215,18 +236,21 @@ class AgentProxy:
             raise KeyError(sid)
         return self.sessions[sid]
 
-    async def _guard(self, request: Request, fn) -> Response:
+    async def _guard(self, request: Request, fn, error=_error) -> Response:
+        """Run ``fn(body)``; bad input is one line in the route's own error shape."""
         try:
             raw = await request.body() if request.method == "POST" else b""
             try:
                 body = json.loads(raw) if raw.strip() else {}
             except (json.JSONDecodeError, UnicodeDecodeError):
-                return _error("the request body is not valid JSON")
+                return error("the request body is not valid JSON")
             return await fn(body)
+        except responses_api.ResponseNotFound as e:
+            return error(f"Previous response with id {e.args[0]!r} not found.", 404)
         except KeyError as e:
-            return _error(f"no session {e.args[0]!r}", 404)
+            return error(f"no session {e.args[0]!r}", 404)
         except (ChatRequestError, SessionError) as e:
-            return _error(str(e))
+            return error(str(e))
 
     async def _http_start(self, request: Request) -> Response:
         async def run(body):
@@ -263,6 +287,37 @@ class AgentProxy:
                 return JSONResponse(out)
             return StreamingResponse(_as_stream(out, body), media_type="text/event-stream")
         return await self._guard(request, run)
+
+    async def _http_responses(self, request: Request) -> Response:
+        async def run(body):
+            session = self._session(request)
+            chat, convo = responses_api.to_chat(body, session.stored_responses)
+            resp = responses_api.from_chat(await self.chat(session, chat), body)
+            if body.get("store", True):
+                session.stored_responses[resp["id"]] = convo + [responses_api.reply_message(resp)]
+            if not body.get("stream"):
+                return JSONResponse(resp)
+            return StreamingResponse(responses_api.sse(resp), media_type="text/event-stream")
+        return await self._guard(request, run)
+
+    async def _http_messages(self, request: Request) -> Response:
+        async def run(body):
+            session = self._session(request)
+            msg = messages_api.from_chat(await self.chat(session, messages_api.to_chat(body)))
+            if not body.get("stream"):
+                return JSONResponse(msg)
+            return StreamingResponse(messages_api.sse(msg), media_type="text/event-stream")
+        return await self._guard(request, run, messages_api.error)
+
+    async def _http_count_tokens(self, request: Request) -> Response:
+        async def run(body):
+            self._session(request)
+            chat = messages_api.to_chat(body, count_only=True)
+            tools = None if chat.get("tool_choice") == "none" else check_tools(chat.get("tools"))
+            text = render(self.tokenizer, normalize_messages(chat["messages"]), tools,
+                          generation=True)
+            return JSONResponse({"input_tokens": len(encode(self.tokenizer, text))})
+        return await self._guard(request, run, messages_api.error)
 
     async def serve(self, host: str = "127.0.0.1", port: int = 0) -> str:
         """Serve the proxy over HTTP on this event loop; returns ``http://host:port``."""

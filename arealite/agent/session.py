@@ -66,6 +66,8 @@ class AgentSession:
     turns: list[Turn] = field(default_factory=list)
     segments: list[Segment] = field(default_factory=list)
     ended: bool = False
+    # Responses API: each stored response's conversation, for ``previous_response_id``
+    stored_responses: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     def check_open(self) -> None:
         if self.ended:
