@@ -11,7 +11,8 @@ completion ids, logprobs and versions of every turn (``arealite.agent.session``)
 
 Sampling comes from the configured ``gconfig`` (the behaviour policy the trainer corrects for);
 an agent's ``temperature``/``top_p`` are ignored, its ``max_tokens``/``max_completion_tokens``
-can only lower ``gconfig.max_new_tokens``, and ``n`` must be 1. A streamed call is answered
+can only lower ``gconfig.max_new_tokens``, and ``n`` must be 1. ``response_format`` and a
+forcing ``tool_choice`` become grammar constraints the servers enforce (``arealite.agent.forced``). A streamed call is answered
 after generation, as one content chunk (tool calls in one chunk), then the finish chunk.
 
 Routes (in OpenAI's error shape on failure unless said): ``POST /sessions`` (start; returns the id),
@@ -38,7 +39,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from arealite.agent import messages_api, responses_api
+from arealite.agent import forced, messages_api, responses_api
 from arealite.agent.chat import (
     ChatRequestError,
     assistant_close,
@@ -67,10 +68,13 @@ def _error(message: str, status: int = 400) -> JSONResponse:
 class AgentProxy:
     def __init__(self, engine: GenerateEngine, tokenizer: Any,
                  gconfig: GenerationHyperparameters, *, turn_discount: float = 1.0,
-                 model_name: str = MODEL_NAME) -> None:
+                 model_name: str = MODEL_NAME, json_any_whitespace: bool = True) -> None:
+        """``json_any_whitespace``: whether a forced tool call's arguments may hold any JSON
+        whitespace (SGLang's default; False is its --constrained-json-disable-any-whitespace)."""
         if not 0.0 <= turn_discount <= 1.0:
             raise ValueError("turn_discount must be in [0, 1]")
         self.engine, self.tokenizer, self.model_name = engine, tokenizer, model_name
+        self.json_any_whitespace = json_any_whitespace
         self.turn_discount = float(turn_discount)
         eos = tokenizer.eos_token_id
         stops = set(gconfig.stop_token_ids) | ({eos} if eos is not None else set())
@@ -172,6 +176,9 @@ class AgentProxy:
         gconfig = self._gconfig(body)
         messages = normalize_messages(body.get("messages"))
         tools = None if body.get("tool_choice") == "none" else check_tools(body.get("tools"))
+        grammar = forced.constraint(body, tools, self.json_any_whitespace)
+        if grammar:  # the grammar constrains this turn only: the gconfig's own one is replaced
+            gconfig = gconfig.new(**{"json_schema": None, "regex": None, "ebnf": None, **grammar})
         key = json.dumps(tools, sort_keys=True)
         idx, new_ids, full = self._place(session, messages, tools, key)
         seg = session.segments[idx] if idx is not None else None

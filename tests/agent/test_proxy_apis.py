@@ -246,3 +246,70 @@ def test_count_tokens_is_the_rendered_prompt(engine, proxy, tool_model_dir):
         CONVERSATION[:1], tools=TOOLS, tokenize=False, add_generation_prompt=True
     )
     assert n.input_tokens == len(tok.encode(text, add_special_tokens=False))
+
+
+def test_forced_formats_through_the_proxy(engine, proxy, tool_model_dir):
+    """``output_type=`` (a json_schema format) and forced tool calls become grammars the
+    server enforces: unforced, this model answers "Think: 2+3?" in free text."""
+    from pydantic import BaseModel, Field
+
+    from arealite.agent.proxy import AgentProxy
+
+    agents = pytest.importorskip("agents")
+    agents.set_tracing_disabled(True)
+
+    class Verdict(BaseModel):
+        n: int = Field(ge=0, le=99)
+        ok: bool
+
+    # the tool server runs with --constrained-json-disable-any-whitespace: the same for calls
+    strict = AgentProxy(engine, proxy.tokenizer, GREEDY, json_any_whitespace=False)
+    calls: list[str] = []
+
+    @agents.function_tool
+    def calc(expr: str) -> str:
+        """Evaluate an arithmetic expression."""
+        calls.append(expr)
+        return "tool-ran"
+
+    sessions = [strict.start_session() for _ in range(4)]
+
+    async def main():
+        settings = agents.ModelSettings(max_tokens=80)
+        typed = []
+        for s, kind in zip(sessions, ("OpenAIResponsesModel", "OpenAIChatCompletionsModel")):
+            model = getattr(agents, kind)(model="policy", openai_client=strict.client(s))
+            agent = agents.Agent(
+                name="typed", output_type=Verdict, model=model, model_settings=settings
+            )
+            typed.append((await agents.Runner.run(agent, "Is 2+2 four?", max_turns=1)).final_output)
+        forced = agents.Agent(
+            name="forced",
+            tools=[calc],
+            tool_use_behavior="stop_on_first_tool",
+            model=agents.OpenAIResponsesModel(model="p", openai_client=strict.client(sessions[2])),
+            model_settings=agents.ModelSettings(max_tokens=120, tool_choice="required"),
+        )
+        out = (await agents.Runner.run(forced, "Think: 2+3?", max_turns=2)).final_output
+        msg = await strict.anthropic_client(sessions[3]).messages.create(
+            model="p",
+            max_tokens=120,
+            tools=ANTHROPIC_TOOLS,
+            tool_choice={"type": "tool", "name": "calc"},
+            messages=[{"role": "user", "content": "Think: 2+3?"}],
+        )
+        return typed, out, msg
+
+    typed, out, msg = run(engine, main())
+    assert all(isinstance(v, Verdict) for v in typed)
+    assert out == "tool-ran" and len(calls) == 1
+    assert msg.stop_reason == "tool_use" and [b.type for b in msg.content] == ["tool_use"]
+    assert isinstance(msg.content[0].input.get("expr"), str)
+    # what the sessions recorded is what was enforced: each completion decodes to the format
+    tok = proxy.tokenizer
+    for s in sessions[:2]:
+        Verdict.model_validate_json(tok.decode(s.turns[0].completion_ids, skip_special_tokens=True))
+    for s in sessions[2:]:
+        text = tok.decode(s.turns[0].completion_ids, skip_special_tokens=True)
+        assert text.startswith('<tool_call>\n{"name": "calc", "arguments": {"expr": ')
+        assert s.turns[0].finish_reason == "tool_calls"
