@@ -108,8 +108,11 @@ class GrammarStep:
         if self._job is not None:
             self._job.result()  # the last step's matchers are fed and masks built
             self._job = None
-        rows = [i for i, s in enumerate(seqs)
-                if s.grammar is not None and not s.grammar.ended and not s.grammar.rejected]
+        rows = [
+            i
+            for i, s in enumerate(seqs)
+            if s.grammar is not None and not s.grammar.ended and not s.grammar.rejected
+        ]
         if rows:
             apply_constraints(logits, rows, [seqs[i].grammar for i in rows])
 
