@@ -172,15 +172,25 @@ def test_the_agents_sdk_default_responses_model_through_the_proxy(engine, proxy)
         calls.append(expr)
         return str(eval(expr, {"__builtins__": {}}))
 
-    session = proxy.start_session()
+    plain, streamed = proxy.start_session(), proxy.start_session()
+
+    def agent(session):
+        model = agents.OpenAIResponsesModel(model="policy", openai_client=proxy.client(session))
+        return agents.Agent(name="calculator", tools=[calc], model=model)
 
     async def main():
-        model = agents.OpenAIResponsesModel(model="policy", openai_client=proxy.client(session))
-        agent = agents.Agent(name="calculator", tools=[calc], model=model)
-        return (await agents.Runner.run(agent, QUESTION, max_turns=6)).final_output
+        out = (await agents.Runner.run(agent(plain), QUESTION, max_turns=6)).final_output
+        result = agents.Runner.run_streamed(agent(streamed), QUESTION, max_turns=6)
+        kinds = {e.type async for e in result.stream_events()}
+        return out, result.final_output, kinds
 
-    assert run(engine, main()) == "89" and calls == ["12*7", "84+5"]
-    assert len(session.turns) == 3 and len(session.segments) == 1
+    out, out_streamed, kinds = run(engine, main())
+    assert out == out_streamed == "89" and calls == ["12*7", "84+5"] * 2
+    assert "raw_response_event" in kinds
+    for s in (plain, streamed):
+        assert len(s.turns) == 3 and len(s.segments) == 1
+    [a], [b] = plain.rows(), streamed.rows()
+    assert a["input_ids"] == b["input_ids"] and a["loss_mask"] == b["loss_mask"]
 
 
 def test_bad_input_is_a_4xx_in_each_apis_own_shape(engine, proxy):

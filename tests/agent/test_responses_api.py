@@ -139,3 +139,17 @@ def test_streamed_events_rebuild_the_response_in_the_sdks_stream_state():
         '{"e": 1}',
         '{"e": 2}',
     ]
+
+
+def test_output_text_logprobs_when_included():
+    chat, _ = to_chat({"input": "x", "include": ["message.output_text.logprobs"]}, {})
+    assert chat["logprobs"] is True and "logprobs" not in to_chat({"input": "x"}, {})[0]
+    answer = chat_answer("hi")
+    answer["choices"][0]["logprobs"] = {
+        "content": [
+            {"token": "h", "bytes": [104], "logprob": -0.5, "top_logprobs": []},
+            {"token": "i", "bytes": [105], "logprob": -0.25, "top_logprobs": []},
+        ]
+    }
+    part = from_chat(answer, {"input": "x"})["output"][0]["content"][0]
+    assert [(lp["token"], lp["logprob"]) for lp in part["logprobs"]] == [("h", -0.5), ("i", -0.25)]
