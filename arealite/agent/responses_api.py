@@ -10,9 +10,9 @@ Wire shapes are those of the ``openai`` SDK's ``types/responses`` (and vLLM's / 
 (``call_id`` is the id the agent answers with). A reply whose generation hit the token cap is
 ``status: "incomplete"`` with reason ``max_output_tokens``.
 
-``previous_response_id`` continues a stored response: the session keeps each response's
-conversation (without its ``instructions``, which OpenAI does not carry over) unless the request
-says ``store: false``. Streaming is answered after generation, as the event sequence OpenAI
+``previous_response_id`` continues a stored response: the session keeps what each response
+added (its input and its reply; never its ``instructions``, which OpenAI does not carry over)
+unless the request says ``store: false``. Streaming is answered after generation, as the event sequence OpenAI
 sends (``response.created``, ``response.in_progress``, per output item ``output_item.added``,
 then ``content_part.added`` / ``output_text.delta`` / ``output_text.done`` /
 ``content_part.done`` for text or ``function_call_arguments.delta`` / ``.done`` for a call,
@@ -176,22 +176,34 @@ def _response_format(text: Any) -> dict[str, Any] | None:
     )
 
 
-def to_chat(body: Any, stored: dict[str, list[dict]]) -> tuple[dict[str, Any], list[dict]]:
-    """(the chat-completions body of a Responses request, its conversation without
-    ``instructions``); ``stored``: the session's responses by id, for ``previous_response_id``."""
+# A stored response: (the response it continued or None, the messages it added: its input's
+# and its reply). Each keeps only what it added, so a long chain costs its length, not its square.
+Stored = tuple[str | None, list[dict[str, Any]]]
+
+
+def history(stored: dict[str, Stored], rid: str) -> list[dict[str, Any]]:
+    """The conversation through response ``rid`` (its reply included), without instructions."""
+    parts = []
+    cur: str | None = rid
+    while cur is not None:
+        if cur not in stored:
+            raise ResponseNotFound(cur)
+        cur, added = stored[cur]
+        parts.append(added)
+    return [dict(m) for part in reversed(parts) for m in part]
+
+
+def to_chat(body: Any, stored: dict[str, Stored]) -> tuple[dict[str, Any], list[dict]]:
+    """(the chat-completions body of a Responses request, the messages its ``input`` adds);
+    ``stored``: the session's responses by id, for ``previous_response_id``."""
     if not isinstance(body, dict):
         raise ChatRequestError("the request body must be a JSON object")
     for key in ("conversation", "background", "prompt"):
         if body.get(key):
             raise ChatRequestError(f"{key!r} is not supported by the proxy")
     prev = body.get("previous_response_id")
-    history: list[dict] = []
-    if prev is not None:
-        if prev not in stored:
-            raise ResponseNotFound(prev)
-        history = [dict(m) for m in stored[prev]]
-    convo = history + input_messages(body.get("input"))
-    messages = list(convo)
+    added = input_messages(body.get("input"))
+    messages = (history(stored, prev) if prev is not None else []) + added
     if body.get("instructions"):
         if not isinstance(body["instructions"], str):
             raise ChatRequestError("instructions must be a string")
@@ -209,7 +221,7 @@ def to_chat(body: Any, stored: dict[str, list[dict]]) -> tuple[dict[str, Any], l
         chat["response_format"] = fmt
     if "message.output_text.logprobs" in (body.get("include") or []) or body.get("top_logprobs"):
         chat["logprobs"] = True
-    return chat, convo
+    return chat, added
 
 
 def from_chat(out: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:

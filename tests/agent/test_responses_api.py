@@ -61,7 +61,7 @@ def test_items_become_the_chat_conversation():
     }
     chat, convo = to_chat(body, {})
     assert chat["messages"][0] == {"role": "system", "content": "be brief"}
-    assert chat["messages"][1:] == convo
+    assert chat["messages"][1:] == convo  # no earlier response: the input is all of it
     # text and the calls after it are one assistant turn, as the proxy's reply was
     assert [m["role"] for m in convo] == ["user", "assistant", "tool"]
     assert convo[1]["content"] == "let me" and [c["id"] for c in convo[1]["tool_calls"]] == [
@@ -83,14 +83,20 @@ def test_items_become_the_chat_conversation():
 
 
 def test_previous_response_continues_without_its_instructions():
-    stored = {"resp_1": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}
-    chat, convo = to_chat(
-        {"previous_response_id": "resp_1", "input": "c", "instructions": "new"}, stored
+    stored = {
+        "resp_1": (None, [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]),
+        "resp_2": (
+            "resp_1",
+            [{"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}],
+        ),
+    }
+    chat, added = to_chat(
+        {"previous_response_id": "resp_2", "input": "e", "instructions": "new"}, stored
     )
-    assert [m["content"] for m in chat["messages"]] == ["new", "a", "b", "c"]
-    assert [m["content"] for m in convo] == ["a", "b", "c"]
+    assert [m["content"] for m in chat["messages"]] == ["new", "a", "b", "c", "d", "e"]
+    assert added == [{"role": "user", "content": "e"}]
     with pytest.raises(ResponseNotFound):
-        to_chat({"previous_response_id": "resp_2", "input": "c"}, stored)
+        to_chat({"previous_response_id": "resp_3", "input": "c"}, stored)
 
 
 @pytest.mark.parametrize(
