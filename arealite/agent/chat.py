@@ -31,7 +31,9 @@ def _text(content: Any, where: str) -> str | None:
     if isinstance(content, list):
         parts = []
         for p in content:
-            if not (isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)):
+            if not (
+                isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+            ):
                 raise ChatRequestError(f"{where}: only text content parts are supported")
             parts.append(p["text"])
         return "".join(parts)
@@ -48,8 +50,11 @@ def _call(call: Any, where: str) -> dict[str, Any]:
             args = json.loads(args) if args.strip() else {}
         except json.JSONDecodeError as e:
             raise ChatRequestError(f"{where}: function.arguments is not valid JSON ({e})") from None
-    return {"id": call.get("id"), "type": "function",
-            "function": {"name": fn["name"], "arguments": {} if args is None else args}}
+    return {
+        "id": call.get("id"),
+        "type": "function",
+        "function": {"name": fn["name"], "arguments": {} if args is None else args},
+    }
 
 
 def normalize_messages(messages: Any) -> list[dict[str, Any]]:
@@ -65,8 +70,9 @@ def normalize_messages(messages: Any) -> list[dict[str, Any]]:
         if m["role"] == "tool":
             msg["tool_call_id"] = m.get("tool_call_id")
         if m["role"] == "assistant" and m.get("tool_calls"):
-            msg["tool_calls"] = [_call(c, f"{where}.tool_calls[{j}]")
-                                 for j, c in enumerate(m["tool_calls"])]
+            msg["tool_calls"] = [
+                _call(c, f"{where}.tool_calls[{j}]") for j, c in enumerate(m["tool_calls"])
+            ]
         elif msg["content"] is None and m["role"] != "assistant":
             raise ChatRequestError(f"{where}: content is required for role {m['role']!r}")
         out.append(msg)
@@ -78,8 +84,12 @@ def same_message(a: dict[str, Any], b: dict[str, Any]) -> bool:
     arguments, tool results by content (ids are the agent's bookkeeping)."""
     if a["role"] != b["role"] or (a.get("content") or "") != (b.get("content") or ""):
         return False
-    calls_a = [(c["function"]["name"], c["function"]["arguments"]) for c in a.get("tool_calls") or []]
-    calls_b = [(c["function"]["name"], c["function"]["arguments"]) for c in b.get("tool_calls") or []]
+    calls_a = [
+        (c["function"]["name"], c["function"]["arguments"]) for c in a.get("tool_calls") or []
+    ]
+    calls_b = [
+        (c["function"]["name"], c["function"]["arguments"]) for c in b.get("tool_calls") or []
+    ]
     return calls_a == calls_b
 
 
@@ -87,8 +97,9 @@ def render(tokenizer: Any, messages: list[dict], tools: list | None, generation:
     if getattr(tokenizer, "chat_template", None) is None:
         raise ChatRequestError("the tokenizer has no chat template")
     try:
-        return tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
-                                             add_generation_prompt=generation)
+        return tokenizer.apply_chat_template(
+            messages, tools=tools or None, tokenize=False, add_generation_prompt=generation
+        )
     except Exception as e:  # a template that rejects the conversation
         raise ChatRequestError(f"the chat template cannot render these messages: {e}") from None
 
@@ -103,7 +114,7 @@ def assistant_close(tokenizer: Any) -> str:
     text = render(tokenizer, conv, None, generation=False)
     if MARKER not in text:
         raise ChatRequestError("the chat template does not render assistant content")
-    return text[text.rindex(MARKER) + len(MARKER):]
+    return text[text.rindex(MARKER) + len(MARKER) :]
 
 
 def parse_tool_calls(text: str, tools: list | None) -> tuple[str | None, list[dict[str, Any]]]:
@@ -111,8 +122,11 @@ def parse_tool_calls(text: str, tools: list | None) -> tuple[str | None, list[di
     idx = text.find(BOT) if tools else -1
     if idx < 0:
         return text, []
-    known = {t["function"]["name"] for t in tools if isinstance(t, dict) and
-             isinstance(t.get("function"), dict) and "name" in t["function"]}
+    known = {
+        t["function"]["name"]
+        for t in tools
+        if isinstance(t, dict) and isinstance(t.get("function"), dict) and "name" in t["function"]
+    }
     calls: list[dict[str, Any]] = []
     for block in _BLOCK.findall(text):
         try:
@@ -123,9 +137,17 @@ def parse_tool_calls(text: str, tools: list | None) -> tuple[str | None, list[di
             name = act.get("name") if isinstance(act, dict) else None
             if isinstance(name, str) and name in known:
                 args = act.get("parameters") or act.get("arguments") or {}
-                calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "index": len(calls),
-                              "type": "function", "function": {
-                                  "name": name, "arguments": json.dumps(args, ensure_ascii=False)}})
+                calls.append(
+                    {
+                        "id": f"call_{uuid.uuid4().hex[:24]}",
+                        "index": len(calls),
+                        "type": "function",
+                        "function": {
+                            "name": name,
+                            "arguments": json.dumps(args, ensure_ascii=False),
+                        },
+                    }
+                )
     if not calls:
         return text, []
     return (text[:idx].strip() or None), calls
@@ -139,5 +161,7 @@ def check_tools(tools: Any) -> list[dict[str, Any]] | None:
     for i, t in enumerate(tools):
         fn = t.get("function") if isinstance(t, dict) else None
         if not (isinstance(fn, dict) and isinstance(fn.get("name"), str) and fn["name"]):
-            raise ChatRequestError(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}")
+            raise ChatRequestError(
+                f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}"
+            )
     return tools or None

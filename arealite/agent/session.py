@@ -66,6 +66,11 @@ class AgentSession:
     turns: list[Turn] = field(default_factory=list)
     segments: list[Segment] = field(default_factory=list)
     ended: bool = False
+    # Responses API, for ``previous_response_id``: response id -> (the response it continued,
+    # the messages it added) (``arealite.agent.responses_api.Stored``)
+    stored_responses: dict[str, tuple[str | None, list[dict[str, Any]]]] = field(
+        default_factory=dict
+    )
 
     def check_open(self) -> None:
         if self.ended:
@@ -74,7 +79,11 @@ class AgentSession:
     def set_reward(self, reward: float, turn: int | str | None = None) -> None:
         """Reward the last turn (``turn=None``), turn number ``turn``, or the turn whose
         completion id is ``turn``. Setting it twice replaces it."""
-        if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+        if (
+            isinstance(reward, bool)
+            or not isinstance(reward, (int, float))
+            or not math.isfinite(reward)
+        ):
             raise SessionError(f"a reward must be a finite number, got {reward!r}")
         if not self.turns:
             raise SessionError(f"session {self.session_id} has no turn to reward")
@@ -114,9 +123,14 @@ class AgentSession:
         for s in self.segments:
             if not s.turns:
                 continue
-            row = {"input_ids": list(s.tokens), "loss_mask": list(s.loss_mask),
-                   "logprobs": list(s.logprobs), "versions": list(s.versions),
-                   "rewards": float(g[s.turns[0]]), "num_turns": len(s.turns)}
+            row = {
+                "input_ids": list(s.tokens),
+                "loss_mask": list(s.loss_mask),
+                "logprobs": list(s.logprobs),
+                "versions": list(s.versions),
+                "rewards": float(g[s.turns[0]]),
+                "num_turns": len(s.turns),
+            }
             if s.routed is not None:
                 row[ROUTED_EXPERTS] = routed_experts_row(s.routed, len(s.tokens))
             rows.append(row)

@@ -58,6 +58,9 @@ def _optional_sampling(
         p["stop_token_ids"] = [int(t) for t in g.stop_token_ids]
     if g.stop:
         p["stop"] = list(g.stop)
+    for key in ("json_schema", "regex", "ebnf"):
+        if getattr(g, key) is not None:
+            p[key] = getattr(g, key)
     return p
 
 

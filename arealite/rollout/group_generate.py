@@ -107,6 +107,8 @@ async def _finish(engine: Any, req: ModelRequest, seg: Segment, addr: str, laten
         return resp
     await engine._wait_unpaused(req.rid)
     g = req.gconfig
+    if g.constrained:  # a grammar sent again starts over: regenerate from the prompt
+        return await engine.agenerate(req)
     rest_g = g.model_copy(update={"max_new_tokens": max_new - done,
                                   "min_new_tokens": max(0, g.min_new_tokens - done)})
     rest = await engine.agenerate(ModelRequest(rid=req.rid, input_ids=prompt + seg.output_ids,

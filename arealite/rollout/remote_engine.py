@@ -302,6 +302,12 @@ class RemoteInferenceEngine(RolloutControl):
             if empty_aborts:  # repeated empty aborts while not paused: do not spin
                 await asyncio.sleep(min(0.05 * empty_aborts, 1.0))
             lora = self.adapters.current
+            if g.constrained:  # a grammar sent again starts over: regenerate from the prompt
+                tokens = logprobs = versions = routed = None
+                body = proto.encode_generate_body(prompt, g, max_new, self._segment_rid(rid), 0,
+                                                  ids_json, lora and lora[0])
+                body = proto.add_image_data(body, images) if images else body
+                continue
             body = proto.encode_generate_body(prompt + tokens, g, max_new - done,
                                               self._segment_rid(rid), done, None, lora and lora[0])
             body = proto.add_image_data(body, images) if images else body

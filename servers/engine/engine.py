@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from servers.engine.grammar import advance_all, apply_constraints
+from servers.engine.grammar import GrammarStep
 from servers.engine.model_runner import ModelRunner
 from servers.engine.sampling import BatchSampling, apply_penalties, sample
 from servers.engine.sequence import Sequence, weight_version_spans
@@ -84,10 +84,8 @@ class Engine:
         self._recent: deque[tuple[float, int]] = deque(maxlen=256)  # (time, tokens) per step
         self.ttft_hist = LatencyHistogram(TTFT_BUCKETS)  # /metrics; one observe per request
         self.e2e_hist = LatencyHistogram(E2E_BUCKETS)
-        # the grammar work of the last step (matchers fed, next masks built) runs here while the
-        # next forward does; the next sampling waits for it
-        self._grammar_pool = cf.ThreadPoolExecutor(1, thread_name_prefix="grammar")
-        self._grammar_job: cf.Future | None = None
+        # constrained rows: their grammar work overlaps the next forward (grammar.GrammarStep)
+        self._grammar = GrammarStep()
         self._batch_key: tuple = ()
         self._batch: BatchSampling | None = None
         self.last_step_time = time.time()
@@ -108,7 +106,7 @@ class Engine:
         self._stop = True
         self._cmds.put(lambda: None)
         self._thread.join(timeout=10)
-        self._grammar_pool.shutdown(wait=False)
+        self._grammar.shutdown()
 
     def call(self, fn: Callable[[], Any]) -> cf.Future:
         """Run ``fn()`` in the engine thread between steps; returns a future of its result."""
@@ -336,7 +334,9 @@ class Engine:
         for s in done:
             self._finish(s, {"type": "length", "length": 0})
         tokens, logps, tops = self._sample(active, logits)
-        self._grammar_step(active, tokens, done)
+        for s in self._grammar.sampled(active, tokens):
+            self._finish(s, _internal_error("the grammar rejected a sampled token"))
+            done.append(s)
         now = time.time()
         produced = 0
         for i, s in enumerate(active):
@@ -362,23 +362,6 @@ class Engine:
         self._recent.append((now, produced))
         self.last_step_time = now
         self._remove_rows(done)
-
-    def _grammar_step(self, seqs: list[Sequence], tokens: list[int], done: list[Sequence]) -> None:
-        """Constrained rows' sampled tokens: a stop token ends the grammar here; the others go
-        to the worker (fed to the matcher, next mask built) while the next forward runs. A row
-        whose previous token the matcher refused ends with an error."""
-        jobs = []
-        for s, tok in zip(seqs, tokens):
-            g = s.grammar
-            if g is None or g.ended or s.finished:
-                continue
-            if g.rejected:  # only when every allowed token was banned (min_new_tokens)
-                self._finish(s, _internal_error("the grammar rejected a sampled token"))
-                done.append(s)
-            elif g.sampled(tok):
-                jobs.append((g, tok))
-        if jobs:
-            self._grammar_job = self._grammar_pool.submit(advance_all, jobs)
 
     def _prefill(self, r0: int, new: list[Sequence]) -> torch.Tensor:
         """One padded forward over the new rows' distinct feeds (``shared_prefill``); returns
@@ -459,13 +442,6 @@ class Engine:
                 banned = set(p.stop_token_ids) | self.runner.eos_token_ids
                 if banned:
                     logits[i, torch.tensor(sorted(banned), device=logits.device)] = float("-inf")
-        # Grammar masks last, on the penalised and biased logits (SGLang: apply_logits_bias), so
-        # the reported logprob of a constrained token is in the grammar-restricted distribution.
-        if self._grammar_job is not None:
-            self._grammar_job.result()  # the last step's matchers are fed and masks built
-            self._grammar_job = None
-        constrained = [i for i, s in enumerate(seqs)
-                       if s.grammar is not None and not s.grammar.ended and not s.grammar.rejected]
         if pen_rows:
             apply_penalties(
                 logits, pen_rows, [(seqs[i].prompt, seqs[i].output_ids) for i in pen_rows],
@@ -473,8 +449,9 @@ class Engine:
                 [seqs[i].params.presence_penalty for i in pen_rows],
                 [seqs[i].params.repetition_penalty for i in pen_rows],
             )
-        if constrained:
-            apply_constraints(logits, constrained, [seqs[i].grammar for i in constrained])
+        # Grammar masks last, on the penalised and biased logits (SGLang: apply_logits_bias), so
+        # the reported logprob of a constrained token is in the grammar-restricted distribution.
+        self._grammar.mask(logits, seqs)
 
     def _check_stop(self, s: Sequence, tok: int) -> dict[str, Any] | None:
         p = s.params

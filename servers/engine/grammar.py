@@ -6,7 +6,8 @@ rows that carry one get their grammar's mask added to their logits (every token 
 -inf) before sampling; rows without a constraint are not touched and no work is done when no
 row has one. Feeding the sampled token to the matcher and building the next mask run in a
 worker thread during the next forward (SGLang overlaps its grammar work with the forward too);
-the step waits for it before sampling. A sampled stop token ends the grammar and the sequence
+the step waits for it before sampling. ``GrammarStep`` is that per-step work, the engine's
+only grammar call sites. A sampled stop token ends the grammar and the sequence
 (the mask allows one only where the grammar may end), as SGLang's ``Req.check_finished``.
 
 Logprob convention (SGLang's): the mask is applied to the logits in place with the penalties
@@ -23,6 +24,7 @@ once.
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import json
 import threading
 from typing import Any
@@ -85,6 +87,50 @@ class Constraint:
 def advance_all(jobs: list[tuple[Constraint, int]]) -> None:
     for c, tok in jobs:
         c.advance(tok)
+
+
+class GrammarStep:
+    """An engine's per-step grammar work: ``mask`` before sampling (wait for the worker, add
+    the masks of the rows with a live grammar), ``sampled`` after it (end grammars on a sampled
+    stop token, hand the other constrained tokens to the worker, which feeds the matchers and
+    builds the next masks while the next forward runs). Rows are objects with ``.grammar``
+    (a ``Constraint`` or None) and ``.finished``. Used by the engine thread only."""
+
+    def __init__(self) -> None:
+        self._pool = cf.ThreadPoolExecutor(1, thread_name_prefix="grammar")
+        self._job: cf.Future | None = None
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False)
+
+    def mask(self, logits: torch.Tensor, seqs: list[Any]) -> None:
+        """Set every token a live grammar forbids to -inf in its row, in place."""
+        if self._job is not None:
+            self._job.result()  # the last step's matchers are fed and masks built
+            self._job = None
+        rows = [
+            i
+            for i, s in enumerate(seqs)
+            if s.grammar is not None and not s.grammar.ended and not s.grammar.rejected
+        ]
+        if rows:
+            apply_constraints(logits, rows, [seqs[i].grammar for i in rows])
+
+    def sampled(self, seqs: list[Any], tokens: list[int]) -> list[Any]:
+        """Record each constrained row's sampled token; returns the rows whose previous token
+        the matcher refused (they end with an error)."""
+        jobs, rejected = [], []
+        for s, tok in zip(seqs, tokens):
+            g = s.grammar
+            if g is None or g.ended or s.finished:
+                continue
+            if g.rejected:  # only when every allowed token was banned (min_new_tokens)
+                rejected.append(s)
+            elif g.sampled(tok):
+                jobs.append((g, tok))
+        if jobs:
+            self._job = self._pool.submit(advance_all, jobs)
+        return rejected
 
 
 def apply_constraints(logits: torch.Tensor, rows: list[int], constraints: list[Constraint]) -> None:

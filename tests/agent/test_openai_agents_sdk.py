@@ -37,13 +37,15 @@ def test_openai_agents_runner_through_the_proxy(engine, tool_model_dir, tool_ser
         return str(eval(expr, {"__builtins__": {}}))
 
     tok = AutoTokenizer.from_pretrained(str(tool_model_dir))
-    proxy = AgentProxy(engine, tok, GenerationHyperparameters(max_new_tokens=120, greedy=True,
-                                                              temperature=0.0))
+    proxy = AgentProxy(
+        engine, tok, GenerationHyperparameters(max_new_tokens=120, greedy=True, temperature=0.0)
+    )
     session = proxy.start_session()
 
     async def main():
-        model = agents.OpenAIChatCompletionsModel(model="policy",
-                                                  openai_client=proxy.client(session))
+        model = agents.OpenAIChatCompletionsModel(
+            model="policy", openai_client=proxy.client(session)
+        )
         agent = agents.Agent(name="calculator", instructions=None, tools=[calc], model=model)
         result = await agents.Runner.run(agent, CONVERSATION[0]["content"], max_turns=6)
         return result.final_output
@@ -57,13 +59,18 @@ def test_openai_agents_runner_through_the_proxy(engine, tool_model_dir, tool_ser
     rendered = tok.apply_chat_template(CONVERSATION, tools=TOOLS, tokenize=False)
     assert tok.decode(seg.tokens) + "\n" == rendered
     for t in session.turns:
-        out = requests.post(f"http://{tool_server}/generate", json={
-            "input_ids": t.prompt_ids, "sampling_params": {"max_new_tokens": 120, "temperature": 0}},
-            timeout=60).json()
+        out = requests.post(
+            f"http://{tool_server}/generate",
+            json={
+                "input_ids": t.prompt_ids,
+                "sampling_params": {"max_new_tokens": 120, "temperature": 0},
+            },
+            timeout=60,
+        ).json()
         assert out["output_ids"] == t.completion_ids
         start = len(t.prompt_ids)
-        assert seg.tokens[start:start + len(t.completion_ids)] == t.completion_ids
-        assert seg.loss_mask[start:start + len(t.completion_ids)] == [1] * len(t.completion_ids)
+        assert seg.tokens[start : start + len(t.completion_ids)] == t.completion_ids
+        assert seg.loss_mask[start : start + len(t.completion_ids)] == [1] * len(t.completion_ids)
     assert sum(seg.loss_mask) == sum(len(t.completion_ids) for t in session.turns)
 
 
@@ -82,8 +89,9 @@ def test_agents_sdk_output_type_and_a_forced_tool_call(tool_server):
         ok: bool
 
     def model() -> agents.OpenAIChatCompletionsModel:
-        client = openai.AsyncOpenAI(base_url=f"http://{tool_server}/v1", api_key="unused",
-                                    max_retries=0, timeout=120)
+        client = openai.AsyncOpenAI(
+            base_url=f"http://{tool_server}/v1", api_key="unused", max_retries=0, timeout=120
+        )
         return agents.OpenAIChatCompletionsModel(model="policy", openai_client=client)
 
     calls: list[str] = []
@@ -96,13 +104,19 @@ def test_agents_sdk_output_type_and_a_forced_tool_call(tool_server):
 
     async def main():
         settings = agents.ModelSettings(temperature=0.0, max_tokens=80)
-        typed = agents.Agent(name="typed", output_type=Verdict, model=model(),
-                             model_settings=settings)
+        typed = agents.Agent(
+            name="typed", output_type=Verdict, model=model(), model_settings=settings
+        )
         verdict = (await agents.Runner.run(typed, "Is 2+2 four?", max_turns=1)).final_output
         forced = agents.Agent(
-            name="forced", tools=[calc], model=model(), tool_use_behavior="stop_on_first_tool",
-            model_settings=agents.ModelSettings(temperature=0.0, max_tokens=120,
-                                                tool_choice="required"))
+            name="forced",
+            tools=[calc],
+            model=model(),
+            tool_use_behavior="stop_on_first_tool",
+            model_settings=agents.ModelSettings(
+                temperature=0.0, max_tokens=120, tool_choice="required"
+            ),
+        )
         out = (await agents.Runner.run(forced, "Think: 2+3?", max_turns=2)).final_output
         return verdict, out
 

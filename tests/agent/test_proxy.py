@@ -25,8 +25,9 @@ GREEDY = GenerationHyperparameters(max_new_tokens=120, greedy=True, temperature=
 
 @pytest.fixture(scope="module")
 def engine(tool_server):
-    eng = RemoteInferenceEngine(InferenceEngineConfig(setup_timeout=30, request_timeout=120,
-                                                   weight_update_timeout=60))
+    eng = RemoteInferenceEngine(
+        InferenceEngineConfig(setup_timeout=30, request_timeout=120, weight_update_timeout=60)
+    )
     eng.initialize([tool_server])
     eng.set_version(0)
     yield eng
@@ -73,15 +74,27 @@ def test_three_tool_turns_record_exactly_what_the_server_generated(engine, token
     seg = session.segments[0]
     # each turn's prompt extends the previous turn's prompt + completion
     for a, b in zip(session.turns, session.turns[1:]):
-        assert b.prompt_ids[:len(a.prompt_ids) + len(a.completion_ids)] == a.prompt_ids + a.completion_ids
+        assert (
+            b.prompt_ids[: len(a.prompt_ids) + len(a.completion_ids)]
+            == a.prompt_ids + a.completion_ids
+        )
     # the completion ids are the server's: the same prompt, greedy, straight to /generate
     for t in session.turns:
-        out = requests.post(f"http://{tool_server}/generate", json={
-            "input_ids": t.prompt_ids, "sampling_params": {"max_new_tokens": 120, "temperature": 0}},
-            timeout=60).json()
+        out = requests.post(
+            f"http://{tool_server}/generate",
+            json={
+                "input_ids": t.prompt_ids,
+                "sampling_params": {"max_new_tokens": 120, "temperature": 0},
+            },
+            timeout=60,
+        ).json()
         assert out["output_ids"] == t.completion_ids
     # masks, logprobs and versions: 1 / server logprob / version 0 on generated tokens only
-    gen = [i for t in session.turns for i in range(len(t.prompt_ids), len(t.prompt_ids) + len(t.completion_ids))]
+    gen = [
+        i
+        for t in session.turns
+        for i in range(len(t.prompt_ids), len(t.prompt_ids) + len(t.completion_ids))
+    ]
     assert [i for i, m in enumerate(seg.loss_mask) if m] == gen
     assert all(seg.versions[i] == 0 for i in gen)
     assert all(v == -1 for i, v in enumerate(seg.versions) if i not in set(gen))
@@ -89,7 +102,10 @@ def test_three_tool_turns_record_exactly_what_the_server_generated(engine, token
     assert seg.tokens == session.turns[-1].prompt_ids + session.turns[-1].completion_ids
     # tool results are in the prompt tokens, never trained on
     text = tokenizer.decode(seg.tokens)
-    assert "<tool_response>\n84\n</tool_response>" in text and "<tool_response>\n89\n</tool_response>" in text
+    assert (
+        "<tool_response>\n84\n</tool_response>" in text
+        and "<tool_response>\n89\n</tool_response>" in text
+    )
     # rewards: a final reward of 1 discounted over 3 turns
     (row,) = session.rows()
     assert row["rewards"] == pytest.approx(0.25) and row["num_turns"] == 3
@@ -108,8 +124,9 @@ def test_template_that_drops_reasoning_starts_a_new_segment(engine, tokenizer):
         r = await client.chat.completions.create(model="policy", messages=msgs, tools=TOOLS)
         msgs.append(r.choices[0].message.model_dump(exclude_none=True))
         msgs.append({"role": "user", "content": "And 3+4?"})
-        await client.chat.completions.create(model="policy", messages=msgs, tools=TOOLS,
-                                             max_tokens=8)
+        await client.chat.completions.create(
+            model="policy", messages=msgs, tools=TOOLS, max_tokens=8
+        )
         return r.choices[0].message.content
 
     assert run(engine, agent(proxy.client(session))) == THINK_CONVERSATION[1]["content"]
@@ -133,8 +150,9 @@ def generated_tokens(addr: str) -> float:
     return float(m.group(1))
 
 
-def test_concurrent_sessions_across_a_weight_update(engine, tokenizer, tool_model_dir, tool_server,
-                                                    tmp_path):
+def test_concurrent_sessions_across_a_weight_update(
+    engine, tokenizer, tool_model_dir, tool_server, tmp_path
+):
     """Four sessions: one turn each at version 0, then a weight update, then the rest at
     version 1; a fifth, long turn is cut by the update and keeps per-token versions."""
     from arealite.agent.proxy import AgentProxy
@@ -151,12 +169,15 @@ def test_concurrent_sessions_across_a_weight_update(engine, tokenizer, tool_mode
         first.set()
         await go_on.wait()
         m = r.choices[0].message
-        msgs += [m.model_dump(exclude_none=True),
-                 {"role": "tool", "tool_call_id": m.tool_calls[0].id, "content": "84"}]
+        msgs += [
+            m.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": m.tool_calls[0].id, "content": "84"},
+        ]
         await client.chat.completions.create(model="p", messages=msgs, tools=TOOLS)
 
-    long_proxy = AgentProxy(engine, tokenizer, GenerationHyperparameters(
-        max_new_tokens=400, ignore_eos=True))
+    long_proxy = AgentProxy(
+        engine, tokenizer, GenerationHyperparameters(max_new_tokens=400, ignore_eos=True)
+    )
     long_session = long_proxy.start_session()
 
     async def long_agent():
@@ -218,23 +239,39 @@ def test_http_endpoint_for_agents_in_another_process(engine, tokenizer):
 
             def http_agent() -> tuple:  # blocking code, as a separate program would be
                 sid = requests.post(f"{base}/sessions", json={}, timeout=30).json()["session_id"]
-                client = openai.OpenAI(base_url=f"{base}/sessions/{sid}/v1", api_key="x",
-                                       max_retries=0)
+                client = openai.OpenAI(
+                    base_url=f"{base}/sessions/{sid}/v1", api_key="x", max_retries=0
+                )
                 answers = []
                 msgs = [CONVERSATION[0]]
                 for _ in range(3):
-                    m = client.chat.completions.create(model="p", messages=msgs,
-                                                       tools=TOOLS).choices[0].message
+                    m = (
+                        client.chat.completions.create(model="p", messages=msgs, tools=TOOLS)
+                        .choices[0]
+                        .message
+                    )
                     msgs.append(m.model_dump(exclude_none=True))
                     if not m.tool_calls:
                         answers.append(m.content)
                         break
-                    msgs.append({"role": "tool", "tool_call_id": m.tool_calls[0].id,
-                                 "content": str(eval(json.loads(m.tool_calls[0].function.arguments)["expr"]))})
-                ok = requests.post(f"{base}/sessions/{sid}/reward", json={"reward": 1.0}, timeout=30)
-                bad = requests.post(f"{base}/sessions/{sid}/reward", json={"reward": "x"}, timeout=30)
-                missing = requests.post(f"{base}/sessions/nope/v1/chat/completions",
-                                        json={"messages": msgs}, timeout=30)
+                    msgs.append(
+                        {
+                            "role": "tool",
+                            "tool_call_id": m.tool_calls[0].id,
+                            "content": str(
+                                eval(json.loads(m.tool_calls[0].function.arguments)["expr"])
+                            ),
+                        }
+                    )
+                ok = requests.post(
+                    f"{base}/sessions/{sid}/reward", json={"reward": 1.0}, timeout=30
+                )
+                bad = requests.post(
+                    f"{base}/sessions/{sid}/reward", json={"reward": "x"}, timeout=30
+                )
+                missing = requests.post(
+                    f"{base}/sessions/nope/v1/chat/completions", json={"messages": msgs}, timeout=30
+                )
                 with pytest.raises(openai.BadRequestError, match="n must be 1"):
                     client.chat.completions.create(model="p", messages=msgs, n=2)
                 end = requests.post(f"{base}/sessions/{sid}/end", timeout=30).json()

@@ -58,6 +58,10 @@ def test_sampling_params_only_valid_keys():
     assert p["max_new_tokens"] == 6 and p["min_new_tokens"] == 1
     assert p["temperature"] == 0.7 and p["top_k"] == 5 and p["stop_token_ids"] == [7]
     assert "min_new_tokens" not in sampling_params(g, 6, generated=4)
+    for key in ("json_schema", "regex", "ebnf"):  # a grammar goes as SGLang's own key
+        assert sampling_params(GenerationHyperparameters(**{key: "x"}), 3)[key] == "x"
+    with pytest.raises(ValueError, match="at most one"):
+        GenerationHyperparameters(json_schema="{}", regex="a")
     greedy = sampling_params(GenerationHyperparameters(greedy=True, temperature=0.9), 3)
     assert greedy["temperature"] == 0.0
     assert "stop" not in greedy and "frequency_penalty" not in greedy
@@ -84,6 +88,7 @@ gconfigs = st.builds(
     frequency_penalty=st.floats(-2, 2) | st.just(0.0),
     stop_token_ids=st.lists(st.integers(0, 1000), max_size=3),
     stop=st.none() | st.lists(st.text(max_size=4), max_size=2),
+    regex=st.none() | st.text(max_size=6),
 )
 
 

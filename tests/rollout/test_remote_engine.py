@@ -148,6 +148,26 @@ def test_abort_waits_while_paused_then_resumes_with_the_rest(servers, engines):
     assert first["rid"] != second["rid"]  # one server-side rid per segment
 
 
+def test_a_constrained_request_restarts_from_its_prompt_after_an_abort(servers, engines):
+    """A grammar sent again would start over at the generated prefix: a paused request with a
+    json_schema is regenerated from its prompt, with the grammar, and keeps no aborted token."""
+    (s,) = servers(1)
+
+    def script(body, i):
+        if i == 0:
+            return generate_reply(body, n=3, version="0", finish={"type": "abort", "message": "Aborted"})
+        return generate_reply(body, version="1")
+
+    s.on_generate = script
+    eng = engines([s])
+    r = gen(eng, req(n=6, prompt=[10, 11], json_schema='{"type": "object"}'))
+    first, second = s.bodies("/generate")
+    assert second["input_ids"] == [10, 11] and second["sampling_params"]["max_new_tokens"] == 6
+    assert first["sampling_params"]["json_schema"] == second["sampling_params"]["json_schema"]
+    assert r.output_tokens == [12, 13, 14, 15, 16, 17] and r.output_versions == [1] * 6
+    assert len(r.output_logprobs) == 6 and first["rid"] != second["rid"]
+
+
 def test_abort_before_prefill_loops_without_appending(servers, engines):
     (s,) = servers(1)
 

@@ -1,17 +1,21 @@
 """EleutherAI lm-eval (its own virtualenv) through the evaluator against a real server: a local
 multiple-choice task scored by ``local-completions`` (``echo`` + ``logprobs`` prompt log-probs)
-equals the same task scored with transformers on the same model."""
+equals the same task scored by lm-eval's ``sglang-generate`` client (``/generate``'s
+``input_token_logprobs``) and with transformers on the same model."""
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from arealite.api.config.run import EvaluatorConfig, LMEvalConfig
 from arealite.trainer.eval_hook import run_evaluation
+from arealite.trainer.lm_eval_tasks import read_results
+from tests.support.procs import kill_group
 
 LMEVAL_PY = Path(__file__).resolve().parents[2] / ".venv-lmeval" / "bin" / "python"
 
@@ -94,18 +98,52 @@ def test_lm_eval_multiple_choice_through_the_evaluator(
             timeout=600,
         )
     )
-    tok = AutoTokenizer.from_pretrained(str(tool_model_dir))
-    out = run_evaluation(
-        None,
-        _Engine(tool_server),
-        None,
-        [],
-        cfg,
-        eval_fn=lambda engine, rows: {},
-        context={"tokenizer": tok},
+    # lm-eval's client for SGLang's native /generate, on the same server, alongside
+    sglang_out = tmp_path / "sglang-generate"
+    model_args = (
+        f"base_url=http://{tool_server}/generate,tokenizer={tool_model_dir},"
+        "tokenizer_backend=huggingface,tokenized_requests=True,num_concurrent=2"
     )
+    sglang = subprocess.Popen(
+        [
+            str(LMEVAL_PY),
+            "-m",
+            "lm_eval",
+            "--model",
+            "sglang-generate",
+            "--model_args",
+            model_args,
+            "--tasks",
+            "tiny_sums",
+            "--include_path",
+            str(tasks),
+            "--output_path",
+            str(sglang_out),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"},
+        start_new_session=True,
+    )
+    try:
+        tok = AutoTokenizer.from_pretrained(str(tool_model_dir))
+        out = run_evaluation(
+            None,
+            _Engine(tool_server),
+            None,
+            [],
+            cfg,
+            eval_fn=lambda engine, rows: {},
+            context={"tokenizer": tok},
+        )
+        _, err = sglang.communicate(timeout=600)
+    finally:
+        kill_group(sglang)  # the lm-eval process and anything it started
+    assert sglang.returncode == 0, err[-2000:]
     acc = out["eval/lm_eval/tiny_sums/acc"]
     assert acc == pytest.approx(transformers_accuracy(str(tool_model_dir)), abs=1e-9)
+    assert read_results(str(sglang_out))[0]["eval/lm_eval/tiny_sums/acc"] == acc
     assert "eval/lm_eval/tiny_sums/acc_stderr" in out and out["timeperf/eval"] > 0
     assert os.path.exists(cfg.lm_eval.python)
 

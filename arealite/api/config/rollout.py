@@ -31,6 +31,14 @@ class GenerationHyperparameters(BaseConfig):
         False, description="Turn off every token-based stop: EOS and stop_token_ids (as SGLang)."
     )
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0, description="SGLang frequency penalty.")
+    # Structured outputs (SGLang's grammar sampling params; the servers' grammar backend enforces
+    # them token by token). A paused request that carries one restarts from its prompt instead
+    # of resuming: a grammar sent again would start over at the generated prefix.
+    json_schema: str | None = Field(
+        None, description="Constrain each sample to this JSON schema (SGLang's json_schema)."
+    )
+    regex: str | None = Field(None, description="Constrain each sample to this regex.")
+    ebnf: str | None = Field(None, description="Constrain each sample to this EBNF grammar.")
     return_routed_experts: bool = Field(
         False, description="Ask the servers for each token's routed experts (SGLang's "
         "return_routed_experts; servers launched with servers.enable_return_routed_experts): "
@@ -43,7 +51,14 @@ class GenerationHyperparameters(BaseConfig):
             raise ValueError("top_k must be -1 (all tokens) or >= 1")
         if self.min_new_tokens > self.max_new_tokens:
             raise ValueError("min_new_tokens must be <= max_new_tokens")
+        if sum(x is not None for x in (self.json_schema, self.regex, self.ebnf)) > 1:
+            raise ValueError("set at most one of json_schema, regex and ebnf")
         return self
+
+    @property
+    def constrained(self) -> bool:
+        """Whether samples follow a grammar (json_schema, regex or ebnf)."""
+        return self.json_schema is not None or self.regex is not None or self.ebnf is not None
 
     def new(self, **kwargs: Any) -> GenerationHyperparameters:
         """A validated copy with some fields replaced."""

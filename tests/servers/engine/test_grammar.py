@@ -73,3 +73,34 @@ def test_literal_regex_matches_exactly_its_text():
     for text in ('<tool_call>\n{"name": ', "}\n</tool_call>", "a.b*c(d)|e[f]?+^$\\/"):
         assert re.fullmatch(_literal_regex(text), text)
         assert not re.fullmatch(_literal_regex(text), text + "x")
+
+
+def test_grammar_step_masks_live_rows_feeds_tokens_and_reports_rejections(backend, tiny_tokenizer):
+    """The engine's per-step grammar work (``GrammarStep``): masks only rows with a live grammar,
+    feeds sampled tokens in the worker, ends a grammar on a sampled stop token, and returns a
+    row whose token the matcher refused."""
+    from types import SimpleNamespace
+
+    from servers.engine.grammar import Constraint, GrammarStep
+
+    enc = lambda s: tiny_tokenizer.encode(s, add_special_tokens=False)[0]  # noqa: E731
+    eos = tiny_tokenizer.eos_token_id
+    compiled = backend.compile(GrammarSpec("regex", "[0-9]"))
+    rows = [SimpleNamespace(grammar=Constraint(compiled), finished=False) for _ in range(3)]
+    rows.insert(1, SimpleNamespace(grammar=None, finished=False))  # an unconstrained row
+    step = GrammarStep()
+    try:
+        logits = torch.zeros(4, len(tiny_tokenizer))
+        step.mask(logits, rows)
+        assert torch.isfinite(logits[1]).all() and not torch.isfinite(logits[0]).all()
+        assert torch.isfinite(logits[0, enc("7")]) and not torch.isfinite(logits[0, eos])
+        # row 0 samples a digit (to the worker), row 2 a letter the grammar refuses
+        assert step.sampled(rows, [enc("7"), enc("x"), enc("x"), enc("3")]) == []
+        logits = torch.zeros(4, len(tiny_tokenizer))
+        step.mask(logits, rows)  # waits for the worker: row 2 is now rejected, not masked
+        assert rows[2].grammar.rejected and torch.isfinite(logits[2]).all()
+        assert torch.isfinite(logits[0, eos]) and not torch.isfinite(logits[0, enc("7")])
+        assert step.sampled(rows, [eos, 0, 0, eos]) == [rows[2]]
+        assert rows[0].grammar.ended and rows[3].grammar.ended
+    finally:
+        step.shutdown()
