@@ -1,8 +1,8 @@
 """Long micro-batches: one PPO update's peak memory and tokens/s, dense LM head vs the fused head
-(``TrainEngineConfig.logprob_head``), with and without activation checkpointing, for token
-budgets doubling from 4,096.
+(``TrainEngineConfig.logprob_head``), with and without activation checkpointing, one rank vs a
+context-parallel group (``context_parallel_size``), for token budgets doubling from 4,096.
 
-Each point (budget x head x checkpointing) is one ``FSDPPPOActor`` running ``ppo_update`` on a
+Each point (budget x head x checkpointing x cp) is one ``FSDPPPOActor`` running ``ppo_update`` on a
 batch that fills exactly one micro-batch of ``budget`` tokens (rows of ``--seq-len`` tokens;
 0: a single trace of the whole budget), behaviour log-probs as the proximal policy (no
 recompute forward: the update alone). ``--updates`` updates run (2 by default); the last is
@@ -16,20 +16,27 @@ Memory, said plainly because it differs by device:
 - CUDA: ``torch.cuda.max_memory_allocated`` over the updates, in GiB: the whole footprint
   (weights, gradients, optimizer included), as prime-rl reports its peaks.
 
-Every point runs in a fresh process (``--point``), so one point's freed-but-cached memory never
-hides the next one's; dense and fused alternate at each budget so machine load hits both alike.
+Every point runs in fresh processes (``--point``), so one point's freed-but-cached memory never
+hides the next one's; dense and fused, cp = 1 and cp > 1 alternate at each budget so machine
+load hits them alike. A cp > 1 point is a torchrun group of cp ranks on this host (gloo on CPU,
+each rank with ``cpu_count / cp`` threads; NCCL and one GPU per rank on CUDA), each handed its
+own rows of the batch as in training (so ``--seq-len`` must make at least cp rows), the group
+training on all of them with every micro-batch's tokens split over it; its peak is the largest
+rank's, its tokens/s the group's tokens over the slowest rank's seconds.
 A point that fails (out of memory) ends that configuration's column.
 
     python -m benchmarks.micro.long_context                          # CPU: tiny model, Qwen vocab
     python -m benchmarks.micro.long_context --device cuda --model qwen3-0.6b \\
         --budgets 4096,8192,16384,32768,65536 --seq-len 0            # GPU: Qwen3-0.6B shape, bf16
+    python -m benchmarks.micro.long_context --budgets 4096 --seq-len 3072 --cp 1,2  # cp axis
 
-Models are built from a config (no download): ``tiny-vocab`` has Qwen's 151,936-token vocabulary
-(tied embeddings) over a 64-wide, 2-layer body, so the head dominates as it does for long traces
-of small models; ``qwen3-0.6b`` is Qwen3-0.6B's published shape. CPU runs fp32; CUDA runs bf16
-compute over fp32 master weights (FSDP2 mixed precision).
+Models are built from a config (no download, ``benchmarks.harness.model_shapes``): ``tiny-vocab``
+has Qwen's 151,936-token vocabulary (tied embeddings) over a 64-wide, 2-layer body, so the head
+dominates as it does for long traces of small models; ``qwen3-0.6b`` is Qwen3-0.6B's published
+shape. CPU runs fp32; CUDA runs bf16 compute over fp32 master weights (FSDP2 mixed precision).
 
-Targets (issue 34), CPU at 8,192 tokens: fused peak <= 0.25x dense, fused tokens/s >= 0.9x dense.
+Targets (issue 34), CPU at 8,192 tokens: fused peak <= 0.25x dense, fused tokens/s >= 0.9x dense;
+cp = 2 per-rank peak <= 0.6x cp = 1's at the largest budget both can run.
 """
 
 from __future__ import annotations
@@ -46,48 +53,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.harness.model_shapes import config_dir, model_flops
 from benchmarks.harness.paths import ROOT, results_dir
 
 RESULTS = results_dir("long_context")
-MODELS = {
-    "tiny-vocab": dict(
-        model_type="qwen2",
-        vocab_size=151936,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=131072,
-        tie_word_embeddings=True,
-    ),
-    # Qwen3-0.6B's config.json (hub: Qwen/Qwen3-0.6B)
-    "qwen3-0.6b": dict(
-        model_type="qwen3",
-        vocab_size=151936,
-        hidden_size=1024,
-        intermediate_size=3072,
-        num_hidden_layers=28,
-        num_attention_heads=16,
-        num_key_value_heads=8,
-        head_dim=128,
-        max_position_embeddings=131072,
-        rope_theta=1000000.0,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=True,
-    ),
-}
-
-
-def build_model_dir(name: str, out: Path) -> Path:
-    """An HF directory holding only the config: the engine builds it with ``init_from_scratch``."""
-    from transformers import AutoConfig
-
-    spec = dict(MODELS[name])
-    cfg = AutoConfig.for_model(spec.pop("model_type"), **spec)
-    out.mkdir(parents=True, exist_ok=True)
-    cfg.save_pretrained(str(out))
-    return out
+MODELS = ("tiny-vocab", "qwen3-0.6b")  # shapes of benchmarks.harness.model_shapes
 
 
 def trace_batch(budget: int, seq_len: int, vocab: int, seed: int = 0) -> dict:
@@ -205,14 +175,6 @@ def run_point(
     }
 
 
-def model_flops(cfg, n_params: int, lens: list[int]) -> float:
-    """Forward + backward FLOPs (6 N per token, the tied head counted once as its matmul, plus
-    causal attention 6 L^2 H d per layer; recomputation not counted)."""
-    d = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    attn = sum(6 * L * L * cfg.num_attention_heads * d for L in lens) * cfg.num_hidden_layers
-    return 6.0 * n_params * sum(lens) + attn
-
-
 def _spawn_point(
     args, model_dir: Path, budget: int, head: str, ckpt: bool, cp: int, failed: list
 ) -> dict | None:
@@ -322,7 +284,7 @@ def table(rows: list[dict], peak_tflops: float | None) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    ap.add_argument("--model", default="tiny-vocab", choices=sorted(MODELS))
+    ap.add_argument("--model", default="tiny-vocab", choices=MODELS)
     ap.add_argument("--budgets", default="4096,8192", help="token budgets, comma-separated")
     ap.add_argument("--heads", default="dense,fused")
     ap.add_argument("--ckpt", default="0,1", help="activation checkpointing off/on: 0,1")
@@ -430,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = build_model_dir(args.model, Path(tmp) / "model")
+        model_dir = config_dir(args.model, Path(tmp) / "model")
         dead: set = set()
         for budget in budgets:
             for ckpt, head, cp in itertools.product(ckpts, heads, cps):
