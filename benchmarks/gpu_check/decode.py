@@ -43,7 +43,11 @@ def build_model(out: Path, device: str, quick: bool) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     build_tokenizer(out, TinyModelSpec())
     cfg = hf_config(
-        "qwen2-0.5b", max_position_embeddings=4096, bos_token_id=None, eos_token_id=0, pad_token_id=0
+        "qwen2-0.5b",
+        max_position_embeddings=4096,
+        bos_token_id=None,
+        eos_token_id=0,
+        pad_token_id=0,
     )
     torch.manual_seed(0)
     with torch.device("cuda"):
