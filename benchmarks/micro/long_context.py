@@ -42,6 +42,7 @@ cp = 2 per-rank peak <= 0.6x cp = 1's at the largest budget both can run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -217,23 +218,48 @@ def _spawn_point(
             f"--master-port={find_free_port()}",
             *point,
         ]
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=str(ROOT))
-    ranks = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
-    if r.returncode == 0 and len(ranks) == cp:
+    # a point past --point-timeout (a rank stuck in a collective, say) is killed with every
+    # process it started
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=str(ROOT)
+    )
+    try:
+        out, err = proc.communicate(timeout=args.point_timeout)
+        late = False
+    except subprocess.TimeoutExpired:
+        _kill_tree(proc.pid)
+        out, err = proc.communicate()
+        late = True
+    ranks = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
+    if proc.returncode == 0 and len(ranks) == cp:
         return _combine(ranks)
     # -9 (or torchrun's "Signal 9"): the kernel's out-of-memory killer, a CPU point larger
     # than the free memory
-    oom = r.returncode == -9 or "Signal 9 (SIGKILL)" in r.stderr
-    errors = [x for x in r.stderr.splitlines() if "Error" in x] or r.stderr.splitlines() or ["?"]
-    why = "killed (out of memory)" if oom else errors[-1].strip()[:200]
-    failed.append(
-        {"budget": budget, "head": head, "ckpt": ckpt, "cp": cp, "rc": r.returncode, "why": why}
+    oom = proc.returncode == -9 or "Signal 9 (SIGKILL)" in err
+    errors = [x for x in err.splitlines() if "Error" in x] or err.splitlines() or ["?"]
+    why = (
+        f"timed out after {args.point_timeout:.0f} s"
+        if late
+        else "killed (out of memory)"
+        if oom
+        else errors[-1].strip()[:200]
     )
-    print(
-        f"  point {budget} {head} ckpt={int(ckpt)} cp={cp} failed (rc {r.returncode}): {why}",
-        flush=True,
-    )
+    rc = proc.returncode
+    failed.append({"budget": budget, "head": head, "ckpt": ckpt, "cp": cp, "rc": rc, "why": why})
+    print(f"  point {budget} {head} ckpt={int(ckpt)} cp={cp} failed (rc {rc}): {why}", flush=True)
     return None
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and its descendants: torchrun starts its workers in sessions of their
+    own, so a process group would miss them."""
+    import psutil
+
+    with contextlib.suppress(psutil.NoSuchProcess):
+        root = psutil.Process(pid)
+        for p in [*root.children(recursive=True), root]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
 
 
 def _combine(ranks: list[dict]) -> dict:
@@ -325,6 +351,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="results file (default: benchmarks/results/"
         "long_context/long_context_<device>_<model>.json)",
+    )
+    ap.add_argument(
+        "--point-timeout",
+        type=float,
+        default=3600.0,
+        help="seconds one point may take before its processes are killed (the point fails)",
     )
     ap.add_argument("--point", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--model-dir", default=None, help=argparse.SUPPRESS)
