@@ -12,15 +12,18 @@ rank's own tokens; FSDP2 shards the model over the whole world as without cp.
 Ranks of a cp group train on the same rows: the engine concatenates the rows its cp ranks were
 given (``gather_rows``), each rank keeps a token slice of every packed micro-batch
 (``shard_packed``) and, for a no-grad forward, the values come back together
-(``gather_tokens``) so each rank returns its own rows.
+(``gather_tokens``) so each rank returns its own rows. The engine's glue takes ``cp=None``
+(no context parallelism) everywhere, where each step is the identity.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
 
 from arealite.engine import segment_attention
 from arealite.engine.segment_attention import sequence_layout
@@ -35,6 +38,37 @@ class CPGroup:
     group: dist.ProcessGroup
     size: int
     rank: int
+
+
+def make_group(size: int, world_size: int, device_type: str, model_kind: str) -> CPGroup | None:
+    """This rank's cp group in a data x context mesh (ranks ``i*size .. i*size+size-1`` form
+    one), with the Ulysses attention registered; None for ``size`` 1. FSDP2 keeps sharding over
+    the whole world. Collective: every rank calls it."""
+    if size == 1:
+        return None
+    if world_size % size:
+        raise ValueError(
+            f"context_parallel_size={size} does not divide the world size {world_size}"
+        )
+    if model_kind != "causal_lm":
+        raise ValueError(f"context_parallel_size > 1 serves causal LMs only, not {model_kind}")
+    mesh = init_device_mesh(device_type, (world_size // size, size), mesh_dim_names=("dp", "cp"))
+    register()
+    return CPGroup(mesh.get_group("cp"), size, mesh.get_local_rank("cp"))
+
+
+def check_model(cp: CPGroup | None, hf_config: Any) -> None:
+    """Each rank attends for ``heads / cp`` query heads: cp must divide them."""
+    heads = getattr(hf_config, "num_attention_heads", 0)
+    if cp is not None and heads % cp.size:
+        raise ValueError(
+            f"context_parallel_size={cp.size} does not divide the model's {heads} attention heads"
+        )
+
+
+def token_share(cp: CPGroup | None) -> int:
+    """How many ranks hold a share of each packed micro-batch's tokens (1 without cp)."""
+    return 1 if cp is None else cp.size
 
 
 def _all_to_all(
@@ -106,10 +140,12 @@ def register() -> str:
     return ATTN_NAME
 
 
-def shard_packed(p: dict, cp: CPGroup) -> dict:
+def shard_packed(p: dict, cp: CPGroup | None) -> dict:
     """This rank's slice of a packed micro-batch: the tokens (padded with a sequence of its own
     to a multiple of cp) split into cp contiguous blocks; ``cu_seqlens`` stays the whole
     micro-batch's, the attention layout covers the padding too."""
+    if cp is None:
+        return p
     T = int(p["cu_seqlens"][-1])
     pad = (-T) % cp.size
     t = (T + pad) // cp.size
@@ -135,16 +171,20 @@ def shard_packed(p: dict, cp: CPGroup) -> dict:
     return out
 
 
-def gather_tokens(v: torch.Tensor, cp: CPGroup, total: int) -> torch.Tensor:
+def gather_tokens(v: torch.Tensor, cp: CPGroup | None, total: int) -> torch.Tensor:
     """Every rank's per-token values of one micro-batch, in token order, ``[total]``."""
+    if cp is None:
+        return v
     parts = [torch.empty_like(v) for _ in range(cp.size)]
     dist.all_gather(parts, v.contiguous(), group=cp.group)
     return torch.cat(parts)[:total]
 
 
-def gather_rows(data: dict, cp: CPGroup) -> tuple[dict, slice]:
+def gather_rows(data: dict, cp: CPGroup | None) -> tuple[dict, slice]:
     """The rows of every rank of the cp group, concatenated in rank order (``[B, S]`` tensors
     right-padded to the longest ``S``), and where this rank's own rows sit in it."""
+    if cp is None:
+        return data, slice(None)
     local = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in data.items()}
     everyone: list = [None] * cp.size
     dist.all_gather_object(everyone, local, group=cp.group)

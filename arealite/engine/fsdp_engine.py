@@ -51,7 +51,7 @@ from arealite.api.trajectory import TensorDict
 from arealite.engine import checkpoint as ckpt
 from arealite.engine import context_parallel, lora, segment_attention
 from arealite.engine.attn_impl import LAYOUT_IMPLS, resolve_attn_impl
-from arealite.engine.context_parallel import CPGroup, gather_rows, gather_tokens, shard_packed
+from arealite.engine.context_parallel import CPGroup
 from arealite.engine.functional import gather_logprobs, zero_loss
 from arealite.engine.lm_head import HeadInput, capture_head, supports_fused_head
 from arealite.engine.packing import (
@@ -162,14 +162,15 @@ class FSDPEngine(TrainEngine):
         self.rank, self.world_size = init_default_process_group(self.backend, self.device)
         self.dp_group = dist.group.WORLD
         self.mesh = init_device_mesh(self.device.type, (self.world_size,), mesh_dim_names=("dp",))
-        self._init_context_parallel()
+        self.cp = context_parallel.make_group(
+            self.config.context_parallel_size, self.world_size, self.device.type, self.model_kind
+        )
+        if self.cp is not None:
+            self.attn_impl = context_parallel.ATTN_NAME
         dtype = to_dtype(self.config.dtype)
         extra = {"num_labels": 1} if self.model_kind in ckpt.SCALAR_HEAD_KINDS else {}
         self.hf_config = AutoConfig.from_pretrained(self.config.path, **extra)
-        heads = getattr(self.hf_config, "num_attention_heads", 0)
-        if self.cp is not None and heads % self.cp.size:
-            raise ValueError(f"context_parallel_size={self.cp.size} does not divide the model's "
-                             f"{heads} attention heads")
+        context_parallel.check_model(self.cp, self.hf_config)
         self.load_kind = self.model_kind
         if self.model_kind == "causal_lm":  # a vision-language model has its own Auto class
             self.load_kind = ckpt.causal_kind(self.hf_config)
@@ -223,22 +224,6 @@ class FSDPEngine(TrainEngine):
             self.routing = RoutingReplay(model, int(text.num_hidden_layers))
         self._build_optimizer(ft_spec)
         self._uploader = DistributedUploader(self.backend, self.device)
-
-    def _init_context_parallel(self) -> None:
-        """A data x context mesh: ranks ``i*cp .. i*cp+cp-1`` form a cp group. FSDP2 keeps
-        sharding over the whole world (``self.mesh``)."""
-        cp = self.config.context_parallel_size
-        if cp == 1:
-            return
-        if self.world_size % cp:
-            raise ValueError(f"context_parallel_size={cp} does not divide the world size "
-                             f"{self.world_size}")
-        if self.model_kind != "causal_lm":
-            raise ValueError(f"context_parallel_size > 1 serves causal LMs only, not {self.model_kind}")
-        mesh = init_device_mesh(self.device.type, (self.world_size // cp, cp),
-                                mesh_dim_names=("dp", "cp"))
-        self.cp = CPGroup(mesh.get_group("cp"), cp, mesh.get_local_rank("cp"))
-        self.attn_impl = context_parallel.register()
 
     def _use_fused_head(self, model: torch.nn.Module) -> bool:
         if self.config.logprob_head != "fused" or self.model_kind != "causal_lm":
@@ -339,9 +324,7 @@ class FSDPEngine(TrainEngine):
         else:
             layout = segment_attention.sequence_layout(p["cu_seqlens"]).to(self.device)
         p["segment_layout"] = layout
-        if self.cp is not None:  # this rank's token slice (arealite.engine.context_parallel)
-            return shard_packed(p, self.cp)
-        return p
+        return context_parallel.shard_packed(p, self.cp)  # this rank's token slice under cp
 
     @property
     def fuses_head(self) -> bool:
@@ -409,13 +392,14 @@ class FSDPEngine(TrainEngine):
         if self.optimizer is None:
             raise RuntimeError("this engine has no optimizer (optimizer: null in its config)")
         self.train(True)
-        if self.cp is not None:  # the cp group trains on the rows of all its ranks
-            input_, _ = gather_rows(input_, self.cp)
+        # a cp group trains on the rows of all its ranks
+        input_, _ = context_parallel.gather_rows(input_, self.cp)
         mbl = self.split_micro_batches(input_)
         packed = [self.pack(mb, idx) for mb, idx in zip(mbl.mbs, mbl.indices)]
         weights = [float(loss_weight_fn(p)) if idx else 0.0 for p, idx in zip(packed, mbl.indices)]
-        cp = self.cp.size if self.cp is not None else 1  # each cp rank counts its group's tokens
-        totals = torch.tensor([sum(weights), sum(int(p["cu_seqlens"][-1]) for p in packed) / cp],
+        share = context_parallel.token_share(self.cp)  # each cp rank counts its group's tokens
+        tokens = sum(int(p["cu_seqlens"][-1]) for p in packed) / share
+        totals = torch.tensor([sum(weights), tokens],
                               dtype=torch.float64, device=self._comm_device())
         all_reduce(totals, group=self.dp_group)
         total_w = float(totals[0])
@@ -475,9 +459,8 @@ class FSDPEngine(TrainEngine):
         was_training = self._train_mode
         model.eval()
         try:
-            own, width = slice(None), input_["input_ids"].shape[1]
-            if self.cp is not None:
-                input_, own = gather_rows(input_, self.cp)
+            width = input_["input_ids"].shape[1]
+            input_, own = context_parallel.gather_rows(input_, self.cp)
             mbl = self.split_micro_batches(input_)
             outs = []
             for mb, idx in zip(mbl.mbs, mbl.indices):
@@ -489,8 +472,7 @@ class FSDPEngine(TrainEngine):
                     v = logits.squeeze(-1)
                 else:
                     v = gather_logprobs(logits, p["labels"])
-                if self.cp is not None:
-                    v = gather_tokens(v, self.cp, p["cp_tokens"])
+                v = context_parallel.gather_tokens(v, self.cp, p.get("cp_tokens", 0))
                 outs.append(unpack_to_padded(v.float(), p["cu_seqlens"], mb["input_ids"].shape[1],
                                              shift_back=True))
             return mbl.restore(outs)[own, :width].cpu()

@@ -42,12 +42,16 @@ class SegmentLayout:
     # [4, T] per packed position, the spans of the row whose query computes it: own start, own
     # end, prefix start, prefix end (the same layout as a mask predicate, for FlexAttention)
     spans: torch.Tensor
+    # every row's queries start at its first key (plain sequences, and prefix owners): ``mask``
+    # is then SDPA's own causal mask for every real query, and attention runs without it
+    causal: bool = False
     cache: dict = field(default_factory=dict, compare=False, repr=False)  # e.g. a block mask
 
     def to(self, device: torch.device) -> SegmentLayout:
         return SegmentLayout(self.q_index.to(device), self.kv_index.to(device),
                              self.mask.to(device), self.inverse.to(device),
-                             self.rows, self.q_len, self.kv_len, self.spans.to(device))
+                             self.rows, self.q_len, self.kv_len, self.spans.to(device),
+                             self.causal)
 
 
 def build_layout(prefix_start: torch.Tensor, prefix_len: torch.Tensor, own_start: torch.Tensor,
@@ -86,7 +90,7 @@ def build_layout(prefix_start: torch.Tensor, prefix_len: torch.Tensor, own_start
     row = inverse // Lq
     spans = torch.stack([own_start, own_start + own_len, prefix_start, prefix_start + prefix_len])
     return SegmentLayout(qi.reshape(-1), kv.reshape(-1), mask[:, None], inverse, R, Lq, Lk,
-                         spans[:, row].long())
+                         spans[:, row].long(), causal=bool((q_start == 0).all()))
 
 
 def sequence_layout(cu_seqlens: torch.Tensor) -> SegmentLayout:
@@ -125,8 +129,16 @@ def segment_attention(
     q = query[0].index_select(1, lay.q_index).view(H, lay.rows, lay.q_len, D).transpose(0, 1)
     k = key[0].index_select(1, lay.kv_index).view(Hkv, lay.rows, lay.kv_len, D).transpose(0, 1)
     v = value[0].index_select(1, lay.kv_index).view(Hkv, lay.rows, lay.kv_len, -1).transpose(0, 1)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=lay.mask, scale=scaling,
-                                         dropout_p=dropout, enable_gqa=H != Hkv)
+    # A causal layout needs no mask: SDPA's own causal mask equals it for every real query
+    # (padding queries then read padding keys, which are real tokens' copies; their outputs are
+    # never read, so no gradient comes back from them). Without a mask the CPU kernel keeps
+    # O(L) memory; a [rows, 1, L, L] mask is converted to floats and kept for backward, one per
+    # layer (about 290 MiB per layer for two rows of 6,144 tokens), and context parallelism
+    # cannot split it (every rank attends over the whole sequence).
+    mask = None if lay.causal else lay.mask
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling,
+                                         dropout_p=dropout, is_causal=lay.causal,
+                                         enable_gqa=H != Hkv)
     out = out.transpose(1, 2).reshape(lay.rows * lay.q_len, H, -1).index_select(0, lay.inverse)
     return out[None], None
 

@@ -2,8 +2,9 @@
 ``generate`` on one static batch of the same requests and against the bound set by reading
 the weights once per decode step at the device's copy bandwidth.
 
-On CUDA the model has Qwen2-0.5B's shape (896 wide, 24 layers, 14 heads over 2 KV heads,
-151,936-token vocabulary, tied embeddings), built from a config with random weights (nothing is
+On CUDA the model has Qwen2-0.5B's shape (``benchmarks.harness.model_shapes``: 896 wide, 24
+layers, 14 heads over 2 KV heads, 151,936-token vocabulary, tied embeddings; a 4,096-token
+context), built from a config with random weights (nothing is
 downloaded), served in bf16 with ``--skip-tokenizer-init`` (its tokens are random ids). Each
 batch is b requests of a 32-token prompt and exactly ``--new`` generated tokens
 (``ignore_eos``), sent at once; each method's best of two rounds counts (one with ``--quick``). The bound:
@@ -24,25 +25,16 @@ import time
 from pathlib import Path
 
 from benchmarks.gpu_check.device_info import copy_bandwidth
+from benchmarks.harness.model_shapes import hf_config
 from benchmarks.harness.server_process import Server
 
 BATCHES = (1, 16, 64)
-QWEN2_05B = dict(
-    hidden_size=896,
-    intermediate_size=4864,
-    num_hidden_layers=24,
-    num_attention_heads=14,
-    num_key_value_heads=2,
-    vocab_size=151936,
-    max_position_embeddings=4096,
-    tie_word_embeddings=True,
-)
 
 
 def build_model(out: Path, device: str, quick: bool) -> Path:
     """The measured model's HF folder (with the tiny tokenizer: the server skips it on CUDA)."""
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2ForCausalLM
 
     from arealite.demo.tiny import TinyModelSpec, build_tiny_model, build_tokenizer
 
@@ -50,7 +42,13 @@ def build_model(out: Path, device: str, quick: bool) -> Path:
         return build_tiny_model(out)
     out.mkdir(parents=True, exist_ok=True)
     build_tokenizer(out, TinyModelSpec())
-    cfg = Qwen2Config(**QWEN2_05B, bos_token_id=None, eos_token_id=0, pad_token_id=0)
+    cfg = hf_config(
+        "qwen2-0.5b",
+        max_position_embeddings=4096,
+        bos_token_id=None,
+        eos_token_id=0,
+        pad_token_id=0,
+    )
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = Qwen2ForCausalLM(cfg).to(torch.bfloat16)

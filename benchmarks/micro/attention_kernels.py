@@ -39,6 +39,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.harness.model_shapes import hf_config, model_flops
 from benchmarks.harness.paths import results_dir
 from benchmarks.micro.trainer_step import (
     MIXES,
@@ -59,22 +60,12 @@ NAMES = {"dense": "dense `[T, T]` mask (sdpa)", "flex": "FlexAttention block mas
 
 def build_qwen2_05b(out: Path) -> Path:
     """Random weights in Qwen2-0.5B's shape (its published config; no download)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2ForCausalLM
 
-    cfg = Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864,
-                      num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-                      max_position_embeddings=32768, rope_theta=1e6, tie_word_embeddings=True,
-                      use_sliding_window=False, torch_dtype="bfloat16")
+    cfg = hf_config("qwen2-0.5b", torch_dtype="bfloat16")
     torch.manual_seed(0)
     Qwen2ForCausalLM(cfg).to(torch.bfloat16).save_pretrained(str(out))
     return out
-
-
-def model_flops(cfg, n_params: int, lens: list[int]) -> float:
-    """Forward + backward FLOPs of one step over sequences of ``lens`` tokens (unshared)."""
-    dh = cfg.hidden_size // cfg.num_attention_heads
-    attn = sum(6 * L * L * cfg.num_attention_heads * dh for L in lens) * cfg.num_hidden_layers
-    return 6.0 * n_params * sum(lens) + attn
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,7 @@
-"""One rank of a context-parallel run (torchrun's env vars): this rank's half of the rows,
-the cp group's summed loss, every parameter's full gradient and this rank's forward log-probs,
-saved for ``tests/engine/test_context_parallel.py`` to compare with one process."""
+"""One rank of a context-parallel run (torchrun's env vars): this rank's share of the rows
+(``rows // world`` of them, in rank order), the world's summed loss, every parameter's full
+gradient and this rank's forward log-probs, saved for ``tests/engine/test_context_parallel.py``
+to compare with one process on the rows all ranks were given."""
 
 from __future__ import annotations
 
