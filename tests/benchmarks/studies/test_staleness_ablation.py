@@ -107,3 +107,37 @@ def test_page_entry_names_its_learning_rate(tmp_path):
     assert "the main job's lr" in run_all.ablation_full_entry(staleness_ablation.report(a, runs, ""))["name"]
     a.lr = 1e-4
     assert "lr 0.0001" in run_all.ablation_full_entry(staleness_ablation.report(a, runs, ""))["name"]
+
+
+def test_variant_arms_run_with_their_overrides_and_get_their_own_file(tmp_path, capsys):
+    a = staleness_ablation.parse_args([
+        "--seeds", "1,2", "--arms", "icepop,lrhalf", "--results-dir", str(tmp_path),
+        "--variant", "icepop:actor.behav_imp_weight_floor=0.5, actor.behav_imp_weight_cap=2",
+        "--variant", "lrhalf:actor.optimizer.lr=1e-4"])
+    assert a.arms == ["sync", "icepop", "lrhalf"]  # sync always runs, first
+    assert a.variants == {"icepop": ["actor.behav_imp_weight_floor=0.5",
+                                     "actor.behav_imp_weight_cap=2"],
+                          "lrhalf": ["actor.optimizer.lr=1e-4"]}
+    runs = _runs({"sync": [0.80, 0.90], "icepop": [0.78, 0.88], "lrhalf": [0.60, 0.70]})
+    res = staleness_ablation.report(a, runs, "_sync-icepop-lrhalf")
+    assert res["relative_to_sync"] == pytest.approx({"icepop": 1.66 / 1.70, "lrhalf": 1.30 / 1.70})
+    assert res["verdict"] == "not run"  # no decoupled/naive pair to compare
+    out = capsys.readouterr().out
+    assert "variant icepop at eta=4, final reward / sync: 0.976 (target >= 0.95)" in out
+    # --resume keeps these runs only for the same variant definitions
+    path = tmp_path / "staleness_ablation_sync-icepop-lrhalf.json"
+    assert sorted(staleness_ablation.resumable_runs(path, a)["icepop"]) == [1, 2]
+    a.variants = {**a.variants, "lrhalf": ["actor.optimizer.lr=5e-5"]}
+    assert staleness_ablation.resumable_runs(path, a)["lrhalf"] == {}
+
+
+@pytest.mark.parametrize("argv", [
+    ["--variant", "icepop"],                        # no overrides
+    ["--variant", "naive:actor.c_clip=3"],          # a built-in arm's name
+    ["--variant", "x:=1"],                          # no key
+    ["--arms", "sync,unknown"],                     # an arm nobody defined
+])
+def test_malformed_variants_and_arms_exit_2(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        staleness_ablation.parse_args(argv)
+    assert e.value.code == 2 and "error:" in capsys.readouterr().err
