@@ -141,3 +141,15 @@ def test_malformed_variants_and_arms_exit_2(argv, capsys):
     with pytest.raises(SystemExit) as e:
         staleness_ablation.parse_args(argv)
     assert e.value.code == 2 and "error:" in capsys.readouterr().err
+
+
+def test_results_page_entry_of_a_variant_file(tmp_path):
+    a = staleness_ablation.parse_args(["--seeds", "1,2", "--arms", "capped", "--results-dir",
+                                       str(tmp_path), "--variant", "capped:actor.behav_imp_weight_cap=2"])
+    runs = _runs({"sync": [0.80, 0.90], "capped": [0.70, 0.80]})
+    entry = run_all.ablation_full_entry(staleness_ablation.report(a, runs, "_sync-capped"))
+    (fig,) = entry["figures"]
+    assert fig["name"] == "variant capped at eta=4, final reward / sync"
+    assert fig["value"] == f"{1.5 / 1.7:.3f}" and fig["met"] is False
+    assert "actor.behav_imp_weight_cap=2" in entry["about"] and "arms sync, capped" in entry["name"]
+    assert "Naive PPO" not in entry["about"]  # no naive arm ran
