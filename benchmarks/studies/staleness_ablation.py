@@ -34,7 +34,8 @@ Prints the final held-out reward of every run, each configuration's mean and sta
 over seeds, and the paired (same seed) difference to sync; writes
 ``benchmarks/results/staleness_ablation/staleness_ablation[_quick][_lrLR].json``. ``--resume`` keeps the runs that file
 already holds for the same settings and launches only the missing ones, so seeds can be added
-(``--seeds 1,2,3,4,5 --resume``) without repeating the first three.
+(``--seeds 1,2,3,4,5 --resume``) without repeating the first three; the file is rewritten after
+every finished run (marked ``partial`` until the summary), so an interrupted ablation resumes too.
 """
 
 from __future__ import annotations
@@ -216,6 +217,18 @@ def report(a: argparse.Namespace, runs: dict[str, dict[int, dict[str, Any]]], ta
     return result
 
 
+def save_progress(a: argparse.Namespace, runs: dict[str, dict[int, dict[str, Any]]], tag: str) -> None:
+    """The runs finished so far, in the results file with the settings ``--resume`` compares and
+    no summary: an interrupted ablation (hours on a CPU) resumes from its last finished run."""
+    results_path(a, tag).write_text(json.dumps({
+        "benchmark": "staleness_ablation", "partial": True,
+        "command": " ".join(["python -m benchmarks.studies.staleness_ablation",
+                             *reproducing_argv(a.argv)]),
+        "settings": {k: getattr(a, k, None) for k in (*SETTINGS, "seeds")}, "arms": arms(a),
+        "runs": {c: {str(s): r for s, r in v.items()} for c, v in runs.items()},
+    }, indent=1, default=float) + "\n")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="8 steps, one seed, 64 held-out prompts")
@@ -281,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
             metrics, _ = launch_run(base, a, model, data, experiment, f"{cfg}-s{seed}", extra)
             runs[cfg][seed] = run_figures(metrics)
             print(f"   final held-out reward {runs[cfg][seed]['final_reward']}", flush=True)
+            save_progress(a, runs, tag)
     report(a, runs, tag)
     return 0
 

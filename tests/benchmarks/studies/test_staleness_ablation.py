@@ -153,3 +153,14 @@ def test_results_page_entry_of_a_variant_file(tmp_path):
     assert fig["value"] == f"{1.5 / 1.7:.3f}" and fig["met"] is False
     assert "actor.behav_imp_weight_cap=2" in entry["about"] and "arms sync, capped" in entry["name"]
     assert "Naive PPO" not in entry["about"]  # no naive arm ran
+
+
+def test_progress_saved_after_each_run_resumes(tmp_path):
+    a = staleness_ablation.parse_args(["--seeds", "1,2", "--arms", "capped", "--results-dir",
+                                       str(tmp_path), "--variant", "capped:actor.behav_imp_weight_cap=2"])
+    runs = _runs({"sync": [0.80], "capped": [0.70]})
+    runs["sync"][2] = dict(runs["sync"][1], final_reward=0.9)  # seed 2: sync done, capped not yet
+    staleness_ablation.save_progress(a, runs, "_sync-capped")
+    kept = staleness_ablation.resumable_runs(tmp_path / "staleness_ablation_sync-capped.json", a)
+    assert {c: sorted(v) for c, v in kept.items()} == {"sync": [1, 2], "capped": [1]}
+    assert kept["sync"][2]["final_reward"] == 0.9
