@@ -105,13 +105,17 @@ def resumable_runs(path: Path, a: argparse.Namespace) -> dict[str, dict[int, dic
     if not path.exists():
         return runs
     old = json.loads(path.read_text())
-    # a setting an older file lacks (no variants) reads as None, as does an empty one
-    differ = [k for k in SETTINGS
-              if (old.get("settings", {}).get(k) or None) != (getattr(a, k, None) or None)]
+    # a setting an older file lacks reads as None, as does an empty one; a variant is compared
+    # arm by arm below, so another file's sync runs serve a new variant (--resume-from)
+    differ = [k for k in SETTINGS if k != "variants"
+              and (old.get("settings", {}).get(k) or None) != (getattr(a, k, None) or None)]
     if differ:
         print(f"--resume: {path} was made with other {', '.join(differ)}; starting afresh")
         return runs
+    old_variants = old.get("settings", {}).get("variants") or {}
     for cfg in arms(a):
+        if old_variants.get(cfg) != (getattr(a, "variants", None) or {}).get(cfg):
+            continue  # another variant under this name (or a variant against a built-in arm)
         for seed, r in old.get("runs", {}).get(cfg, {}).items():
             if int(seed) in a.seeds:
                 runs[cfg][int(seed)] = r
@@ -132,15 +136,15 @@ def decoupled_vs_naive(summary: dict[str, Any], n_seeds: int) -> tuple[float, fl
 
 
 def reproducing_argv(argv: list[str]) -> list[str]:
-    """The arguments that decide the runs: without ``--resume`` (it only skipped some of them)
-    or where the results were written."""
+    """The arguments that decide the runs: without ``--resume`` or ``--resume-from`` (they only
+    skipped some of them) or where the results were written."""
     out, skip = [], False
     for x in argv:
         if skip:
             skip = False
-        elif x == "--results-dir":
+        elif x in ("--results-dir", "--resume-from"):
             skip = True
-        elif x != "--resume" and not x.startswith("--results-dir="):
+        elif x != "--resume" and not x.startswith(("--results-dir=", "--resume-from=")):
             out.append(x)
     return out
 
@@ -149,6 +153,8 @@ def report(a: argparse.Namespace, runs: dict[str, dict[int, dict[str, Any]]], ta
     from benchmarks.harness.report import machine_info
 
     arms_ = arms(a)
+    # the seeds every arm finished (an interrupted ablation reports its complete seeds only)
+    runs = {c: {s: r for s, r in runs[c].items() if all(s in runs[x] for x in arms_)} for c in arms_}
 
     seeds = sorted(runs["sync"])
     print(f"\nstaleness ablation: eta={a.eta}, {a.ppo_minibatches} minibatch(es) per step, "
@@ -246,6 +252,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--results-dir", default=str(results_dir("staleness_ablation")))
     ap.add_argument("--resume", action="store_true",
                     help="keep the runs the results file holds for these settings; run the rest")
+    ap.add_argument("--resume-from", default=None, metavar="PATH",
+                    help="with --resume, also keep the matching runs of another results file "
+                         "(e.g. sync runs made beside another variant)")
     ap.add_argument("--verbose", action="store_true", help="stream the runs' logs")
     a = ap.parse_args(argv)
     a.argv = list(sys.argv[1:] if argv is None else argv)
@@ -280,6 +289,9 @@ def main(argv: list[str] | None = None) -> int:
     model, data = ensure_model(Path(a.fileroot))
     Path(a.results_dir).mkdir(parents=True, exist_ok=True)
     runs = resumable_runs(results_path(a, tag), a) if a.resume else {c: {} for c in a.arms}
+    if a.resume and a.resume_from:
+        for cfg, got in resumable_runs(Path(a.resume_from), a).items():
+            runs[cfg] = {**got, **runs[cfg]}
     for seed in a.seeds:
         common = (f"seed={seed}", f"servers.random_seed={seed}",
                   f"actor.ppo_n_minibatches={a.ppo_minibatches}",

@@ -164,3 +164,22 @@ def test_progress_saved_after_each_run_resumes(tmp_path):
     kept = staleness_ablation.resumable_runs(tmp_path / "staleness_ablation_sync-capped.json", a)
     assert {c: sorted(v) for c, v in kept.items()} == {"sync": [1, 2], "capped": [1]}
     assert kept["sync"][2]["final_reward"] == 0.9
+
+
+def test_resume_from_another_variant_file_keeps_its_sync_runs_only(tmp_path):
+    old = staleness_ablation.parse_args(["--seeds", "1,2", "--arms", "capped", "--results-dir",
+                                         str(tmp_path), "--variant", "capped:actor.behav_imp_weight_cap=2"])
+    staleness_ablation.save_progress(old, _runs({"sync": [0.8, 0.9], "capped": [0.7, 0.6]}),
+                                     "_sync-capped")
+    new = staleness_ablation.parse_args(["--seeds", "1,2", "--arms", "capped", "--results-dir",
+                                         str(tmp_path), "--variant", "capped:actor.optimizer.lr=1e-4"])
+    kept = staleness_ablation.resumable_runs(tmp_path / "staleness_ablation_sync-capped.json", new)
+    # sync is the same arm; "capped" now names another variant, so its runs are not comparable
+    assert {c: sorted(v) for c, v in kept.items()} == {"sync": [1, 2], "capped": []}
+
+
+def test_report_counts_only_the_seeds_every_arm_finished(tmp_path, capsys):
+    runs = _runs({"sync": [0.80, 0.90, 0.70], "decoupled": [0.78, 0.88], "naive": [0.5, 0.6]})
+    res = staleness_ablation.report(_args(tmp_path, [1, 2, 3]), runs, "_t")
+    assert res["summary"]["sync"]["finals"] == [0.80, 0.90]  # seed 3 has only its sync run
+    assert "seeds [1, 2]" in capsys.readouterr().out
