@@ -183,3 +183,10 @@ def test_report_counts_only_the_seeds_every_arm_finished(tmp_path, capsys):
     res = staleness_ablation.report(_args(tmp_path, [1, 2, 3]), runs, "_t")
     assert res["summary"]["sync"]["finals"] == [0.80, 0.90]  # seed 3 has only its sync run
     assert "seeds [1, 2]" in capsys.readouterr().out
+
+
+def test_one_seed_variant_file_gives_no_page_figure(tmp_path):
+    a = staleness_ablation.parse_args(["--seeds", "5", "--arms", "capped", "--results-dir",
+                                       str(tmp_path), "--variant", "capped:actor.behav_imp_weight_cap=2"])
+    res = staleness_ablation.report(a, _runs({"sync": [0.9], "capped": [0.1]}), "_sync-capped")
+    assert run_all.ablation_full_entry(res)["figures"] == []
