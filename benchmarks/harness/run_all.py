@@ -159,21 +159,31 @@ def full_run_entry(r: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def ablation_full_entry(r: dict[str, Any]) -> dict[str, Any] | None:
-    """The last full staleness ablation's figures (over seeds), as a row group of the summary."""
+    """The last full staleness ablation's figures (over seeds), as a row group of the summary:
+    one figure per arm that is meant to match sync (the decoupled loss and every variant)."""
     rel, st = r.get("relative_to_sync") or {}, r.get("settings") or {}
-    if "decoupled" not in rel:
+    variants = st.get("variants") or {}
+    if "decoupled" not in rel and not (set(variants) & set(rel)):
         return None
     eta, seeds = st.get("eta"), st.get("seeds") or []
-    gap, se = r.get("decoupled_minus_naive", [float("nan"), float("nan")])
-    figs = [{"benchmark": "staleness_ablation", "name": f"decoupled loss at eta={eta}, final reward / sync",
-             "value": f"{rel['decoupled']:.3f}", "target": ">= 0.95", "met": rel["decoupled"] >= 0.95}]
-    about = (f"Naive PPO at eta={eta}: final reward / sync {rel['naive']:.3f}; decoupled - naive "
-             f"{gap:+.3f} ± {se:.3f} (AReaL's finding that naive PPO falls below: "
-             f"{r.get('verdict')})")
-    if "decoupled_minus_naive_train" in r:
-        tg, tse = r["decoupled_minus_naive_train"]
-        about += (f"; on the training reward of the last 10% of steps (less noisy) decoupled - naive "
-                  f"{tg:+.3f} ± {tse:.3f} ({r.get('verdict_train')})")
+    figs = [{"benchmark": "staleness_ablation",
+             "name": (f"decoupled loss at eta={eta}" if c == "decoupled"
+                      else f"variant {c} at eta={eta}") + ", final reward / sync",
+             "value": f"{v:.3f}", "target": ">= 0.95", "met": v >= 0.95}
+            for c, v in rel.items() if c != "naive" and len(seeds) > 1]  # one seed: a smoke run
+    parts = [f"Variant {c}: the decoupled loss with {', '.join(o)}" for c, o in variants.items()
+             if c in rel]
+    if {"decoupled", "naive"} <= set(rel):
+        gap, se = r.get("decoupled_minus_naive", [float("nan"), float("nan")])
+        naive = (f"Naive PPO at eta={eta}: final reward / sync {rel['naive']:.3f}; decoupled - naive "
+                 f"{gap:+.3f} ± {se:.3f} (AReaL's finding that naive PPO falls below: "
+                 f"{r.get('verdict')})")
+        if "decoupled_minus_naive_train" in r:
+            tg, tse = r["decoupled_minus_naive_train"]
+            naive += (f"; on the training reward of the last 10% of steps (less noisy) decoupled - "
+                      f"naive {tg:+.3f} ± {tse:.3f} ({r.get('verdict_train')})")
+        parts.append(naive)
+    about = ". ".join(parts)
     summ = r.get("summary") or {}
     if {"sync", "decoupled"} <= set(summ) and summ["sync"].get("behave_kl"):
         # how far the data lag behind: the larger the step per version, the more eta costs
@@ -181,14 +191,16 @@ def ablation_full_entry(r: dict[str, Any]) -> dict[str, Any] | None:
                   f"{summ['decoupled']['behave_kl']:.3f} in the decoupled runs against "
                   f"{summ['sync']['behave_kl']:.4f} in sync: how far {eta} versions of lag "
                   f"are in policy space at this learning rate")
-    about += ". Per-seed figures below; all of them in `benchmarks/results/staleness_ablation/staleness_ablation.json`."
+    about += ". Per-seed figures below; all of them in `benchmarks/results/staleness_ablation/`."
     notes = [f"{c}: final held-out reward per seed "
              + " ".join(f"{v:.3f}" for v in x.get("finals", []))
              + f"; mean {x['mean']:.3f} ± {x['se']:.3f}; clip ratio {x.get('clip_ratio', 0):.3f}; "
              f"behaviour KL {x.get('behave_kl', 0):.4f}" for c, x in summ.items()]
     lr = f"lr {st['lr']:g}" if st.get("lr") else "the main job's lr"
+    arms = r.get("arms")
+    arms = f", arms {', '.join(arms)}" if arms and list(arms) != ["sync", "decoupled", "naive"] else ""
     return {"name": f"staleness_ablation, last full run ({st.get('steps')} steps, "
-                    f"{len(seeds)} seeds, {st.get('ppo_minibatches')} minibatches, {lr})",
+                    f"{len(seeds)} seeds, {st.get('ppo_minibatches')} minibatches, {lr}{arms})",
             "command": r["command"], "status": f"ran {r['date']}", "seconds": None, "figures": figs,
             "notes": notes, "about": about}
 

@@ -3,6 +3,7 @@ loss does not (AReaL's finding)?
 
     python -m benchmarks.studies.staleness_ablation [--quick] [--steps N] [--seeds 1,2,3]
         [--ppo-minibatches M] [--eta E] [--resume]
+        [--variant NAME:KEY=VALUE[,KEY=VALUE...]]... [--arms sync,decoupled,naive,NAME...]
 
 For each seed, three runs of the ``async_vs_sync`` workload (the main job's SFT warm start, the
 toy task with long-tailed generation lengths, one embedded server and one trainer), differing
@@ -22,11 +23,19 @@ are clipped against the proximal policy, the trust region the decoupled loss kee
 PPO places around the stale behaviour policy instead. ``seed`` and the server's
 ``random_seed`` change with the seed; everything else is the same.
 
+``--variant NAME:KEY=VALUE,...`` adds an arm: the ``decoupled`` run with those config overrides
+last (a remedy under test, e.g. ``icepop:actor.behav_imp_weight_floor=0.5,
+actor.behav_imp_weight_cap=2``); ``--arms`` picks the arms that run (default: sync, decoupled,
+naive and every variant; sync always runs, every other arm is compared with it). Other arms than
+the default three give the results file its own name (``_<arm>-<arm>...``), and the variants'
+overrides are part of the settings ``--resume`` compares.
+
 Prints the final held-out reward of every run, each configuration's mean and standard error
 over seeds, and the paired (same seed) difference to sync; writes
 ``benchmarks/results/staleness_ablation/staleness_ablation[_quick][_lrLR].json``. ``--resume`` keeps the runs that file
 already holds for the same settings and launches only the missing ones, so seeds can be added
-(``--seeds 1,2,3,4,5 --resume``) without repeating the first three.
+(``--seeds 1,2,3,4,5 --resume``) without repeating the first three; the file is rewritten after
+every finished run (marked ``partial`` until the summary), so an interrupted ablation resumes too.
 """
 
 from __future__ import annotations
@@ -70,21 +79,43 @@ def results_path(a: argparse.Namespace, tag: str) -> Path:
     return Path(a.results_dir) / f"staleness_ablation{tag}.json"
 
 
-SETTINGS = ("steps", "eta", "ppo_minibatches", "eval_prompts", "lr")
+SETTINGS = ("steps", "eta", "ppo_minibatches", "eval_prompts", "lr", "variants")
+
+
+def arms(a: argparse.Namespace) -> list[str]:
+    """The arms of these runs, sync first (the namespace of an older caller has the three)."""
+    return list(getattr(a, "arms", None) or CONFIGS)
+
+
+def parse_variant(text: str) -> tuple[str, list[str]]:
+    """``NAME:KEY=VALUE,KEY=VALUE`` -> (NAME, the overrides); a malformed one raises ValueError."""
+    name, sep, rest = text.partition(":")
+    overrides = [o.strip() for o in rest.split(",") if o.strip()]
+    if not sep or not name.isidentifier() or name in CONFIGS or not overrides \
+            or any("=" not in o or o.startswith("=") for o in overrides):
+        raise ValueError(f"--variant {text!r}: expected NAME:KEY=VALUE[,KEY=VALUE...] with a new "
+                         f"NAME (not {', '.join(CONFIGS)})")
+    return name, overrides
 
 
 def resumable_runs(path: Path, a: argparse.Namespace) -> dict[str, dict[int, dict[str, Any]]]:
     """The runs an earlier results file holds for the seeds asked for, when it was made with the
     same settings (a different setting makes them incomparable: none are kept, and it says so)."""
-    runs: dict[str, dict[int, dict[str, Any]]] = {c: {} for c in CONFIGS}
+    runs: dict[str, dict[int, dict[str, Any]]] = {c: {} for c in arms(a)}
     if not path.exists():
         return runs
     old = json.loads(path.read_text())
-    differ = [k for k in SETTINGS if old.get("settings", {}).get(k) != getattr(a, k)]
+    # a setting an older file lacks reads as None, as does an empty one; a variant is compared
+    # arm by arm below, so another file's sync runs serve a new variant (--resume-from)
+    differ = [k for k in SETTINGS if k != "variants"
+              and (old.get("settings", {}).get(k) or None) != (getattr(a, k, None) or None)]
     if differ:
         print(f"--resume: {path} was made with other {', '.join(differ)}; starting afresh")
         return runs
-    for cfg in CONFIGS:
+    old_variants = old.get("settings", {}).get("variants") or {}
+    for cfg in arms(a):
+        if old_variants.get(cfg) != (getattr(a, "variants", None) or {}).get(cfg):
+            continue  # another variant under this name (or a variant against a built-in arm)
         for seed, r in old.get("runs", {}).get(cfg, {}).items():
             if int(seed) in a.seeds:
                 runs[cfg][int(seed)] = r
@@ -105,21 +136,25 @@ def decoupled_vs_naive(summary: dict[str, Any], n_seeds: int) -> tuple[float, fl
 
 
 def reproducing_argv(argv: list[str]) -> list[str]:
-    """The arguments that decide the runs: without ``--resume`` (it only skipped some of them)
-    or where the results were written."""
+    """The arguments that decide the runs: without ``--resume`` or ``--resume-from`` (they only
+    skipped some of them) or where the results were written."""
     out, skip = [], False
     for x in argv:
         if skip:
             skip = False
-        elif x == "--results-dir":
+        elif x in ("--results-dir", "--resume-from"):
             skip = True
-        elif x != "--resume" and not x.startswith("--results-dir="):
+        elif x != "--resume" and not x.startswith(("--results-dir=", "--resume-from=")):
             out.append(x)
     return out
 
 
 def report(a: argparse.Namespace, runs: dict[str, dict[int, dict[str, Any]]], tag: str) -> dict:
     from benchmarks.harness.report import machine_info
+
+    arms_ = arms(a)
+    # the seeds every arm finished (an interrupted ablation reports its complete seeds only)
+    runs = {c: {s: r for s, r in runs[c].items() if all(s in runs[x] for x in arms_)} for c in arms_}
 
     seeds = sorted(runs["sync"])
     print(f"\nstaleness ablation: eta={a.eta}, {a.ppo_minibatches} minibatch(es) per step, "
@@ -128,7 +163,7 @@ def report(a: argparse.Namespace, runs: dict[str, dict[int, dict[str, Any]]], ta
           " clip ratio | behaviour KL |")
     print("|---" * (len(seeds) + 5) + "|")
     summary: dict[str, Any] = {}
-    for cfg in CONFIGS:
+    for cfg in arms_:
         finals = [runs[cfg][s]["final_reward"] for s in seeds]
         diffs = [runs[cfg][s]["final_reward"] - runs["sync"][s]["final_reward"] for s in seeds]
         m, se = mean_se(finals)
@@ -140,36 +175,43 @@ def report(a: argparse.Namespace, runs: dict[str, dict[int, dict[str, Any]]], ta
         print(f"| {cfg} | " + " | ".join(f"{v:.3f}" for v in finals) + f" | {m:.3f} ± {se:.3f} | "
               + ("-" if cfg == "sync" else f"{dm:+.3f} ± {dse:.3f}") + f" | {clip:.3f} | {kl:.4f} |")
     sync_m = summary["sync"]["mean"]
-    rel = {c: summary[c]["mean"] / sync_m if sync_m else float("nan") for c in ("decoupled", "naive")}
+    rel = {c: summary[c]["mean"] / sync_m if sync_m else float("nan") for c in arms_ if c != "sync"}
     # One seed (the quick mode) is a smoke run: its ratio is noise, so it is checked against
     # no target and the results page does not count it.
     target = (f"(target >= {TARGET_DECOUPLED})" if len(seeds) > 1
               else "(one seed: a smoke run, no target)")
-    print(f"\ndecoupled loss at eta={a.eta}, final reward / sync: {rel['decoupled']:.3f} {target}")
-    print(f"naive PPO at eta={a.eta}, final reward / sync: {rel['naive']:.3f} "
-          "(AReaL's finding: below the decoupled loss)")
-    gap, gap_se, verdict = decoupled_vs_naive(summary, len(seeds))
-    print(f"decoupled - naive: {gap:+.3f} ± {gap_se:.3f} (AReaL's finding {verdict}: "
-          "a difference counts when it exceeds two standard errors)")
+    print()
+    for cfg, r in rel.items():
+        what = {"decoupled": "decoupled loss", "naive": "naive PPO"}.get(cfg, f"variant {cfg}")
+        note = ("(AReaL's finding: below the decoupled loss)" if cfg == "naive" else target)
+        over = f" [{', '.join(a.variants[cfg])}]" if cfg in getattr(a, "variants", {}) else ""
+        print(f"{what} at eta={a.eta}, final reward / sync: {r:.3f} {note}{over}")
+    gap, gap_se, verdict = (decoupled_vs_naive(summary, len(seeds))
+                            if {"decoupled", "naive"} <= set(arms_) else (0.0, 0.0, "not run"))
+    if verdict != "not run":
+        print(f"decoupled - naive: {gap:+.3f} ± {gap_se:.3f} (AReaL's finding {verdict}: "
+              "a difference counts when it exceeds two standard errors)")
     # The same comparison on the training reward of the last 10% of steps: sampled answers to
     # ~20x more prompts than the held-out evaluation, so less noisy, though a little biased
     # against the async runs (their samples come from policies up to eta versions old).
     train: dict[str, Any] = {}
-    for cfg in CONFIGS:
+    for cfg in arms_:
         vals = [runs[cfg][s]["train_reward_last"] for s in seeds]
         m, se = mean_se(vals)
         train[cfg] = {"values": vals, "mean": m, "se": se}
-    tgap, tgap_se, tverdict = decoupled_vs_naive(train, len(seeds))
+    tgap, tgap_se, tverdict = (decoupled_vs_naive(train, len(seeds))
+                               if {"decoupled", "naive"} <= set(arms_) else (0.0, 0.0, "not run"))
     print("training reward, last 10% of steps (mean ± SE): " + ", ".join(
         f"{c} {v['mean']:.3f} ± {v['se']:.3f}" for c, v in train.items())
-        + f"; decoupled - naive: {tgap:+.3f} ± {tgap_se:.3f} (AReaL's finding {tverdict})")
+        + ("" if tverdict == "not run" else
+           f"; decoupled - naive: {tgap:+.3f} ± {tgap_se:.3f} (AReaL's finding {tverdict})"))
     result = {
         "benchmark": "staleness_ablation", "quick": a.quick, "date": time.strftime("%Y-%m-%d %H:%M"),
         "machine": machine_info(),
         # the command that reproduces every run (--resume only skipped some of them)
         "command": " ".join(["python -m benchmarks.studies.staleness_ablation",
                              *reproducing_argv(a.argv)]).strip(),
-        "settings": {k: getattr(a, k) for k in (*SETTINGS, "seeds")},
+        "settings": {k: getattr(a, k, None) for k in (*SETTINGS, "seeds")}, "arms": arms_,
         "runs": {c: {str(s): r for s, r in v.items()} for c, v in runs.items()},
         "summary": summary, "relative_to_sync": rel, "decoupled_minus_naive": [gap, gap_se],
         "verdict": verdict, "train_reward": train,
@@ -181,6 +223,18 @@ def report(a: argparse.Namespace, runs: dict[str, dict[int, dict[str, Any]]], ta
     return result
 
 
+def save_progress(a: argparse.Namespace, runs: dict[str, dict[int, dict[str, Any]]], tag: str) -> None:
+    """The runs finished so far, in the results file with the settings ``--resume`` compares and
+    no summary: an interrupted ablation (hours on a CPU) resumes from its last finished run."""
+    results_path(a, tag).write_text(json.dumps({
+        "benchmark": "staleness_ablation", "partial": True,
+        "command": " ".join(["python -m benchmarks.studies.staleness_ablation",
+                             *reproducing_argv(a.argv)]),
+        "settings": {k: getattr(a, k, None) for k in (*SETTINGS, "seeds")}, "arms": arms(a),
+        "runs": {c: {str(s): r for s, r in v.items()} for c, v in runs.items()},
+    }, indent=1, default=float) + "\n")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="8 steps, one seed, 64 held-out prompts")
@@ -190,10 +244,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--ppo-minibatches", type=int, default=4, help="optimizer steps per trainer step")
     ap.add_argument("--lr", type=float, default=None, help="learning rate (default: the main job's)")
     ap.add_argument("--eval-prompts", type=int, default=None, help="held-out prompts (default all)")
+    ap.add_argument("--variant", action="append", default=[],
+                    help="NAME:KEY=VALUE,...: an extra arm, the decoupled run with these overrides")
+    ap.add_argument("--arms", default=None,
+                    help="comma-separated arms to run (default sync,decoupled,naive + variants)")
     ap.add_argument("--fileroot", default="outputs")
     ap.add_argument("--results-dir", default=str(results_dir("staleness_ablation")))
     ap.add_argument("--resume", action="store_true",
                     help="keep the runs the results file holds for these settings; run the rest")
+    ap.add_argument("--resume-from", default=None, metavar="PATH",
+                    help="with --resume, also keep the matching runs of another results file "
+                         "(e.g. sync runs made beside another variant)")
     ap.add_argument("--verbose", action="store_true", help="stream the runs' logs")
     a = ap.parse_args(argv)
     a.argv = list(sys.argv[1:] if argv is None else argv)
@@ -203,6 +264,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         a.eval_prompts = 64
     if a.steps < 1 or not a.seeds or a.eta < 1 or a.ppo_minibatches < 1:
         ap.error("--steps, --eta and --ppo-minibatches must be >= 1, and --seeds non-empty")
+    try:
+        a.variants = dict(parse_variant(v) for v in a.variant)
+    except ValueError as e:
+        ap.error(str(e))
+    known = [*CONFIGS, *a.variants]
+    a.arms = ([x.strip() for x in a.arms.split(",") if x.strip()] if a.arms else known)
+    if bad := [x for x in a.arms if x not in known]:
+        ap.error(f"--arms: unknown arm(s) {', '.join(bad)} (known: {', '.join(known)})")
+    a.arms = ["sync", *[x for x in dict.fromkeys(a.arms) if x != "sync"]]
     # the fixed parts of async_vs_sync's workload (its defaults)
     a.batch_size, a.tail_fraction, a.tail_tokens, a.max_tokens_per_mb = 16, 0.1, 128, 256
     return a
@@ -212,24 +282,31 @@ def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     a.fileroot = str(Path(a.fileroot).resolve())
     # a learning rate other than the main job's gets its own results file (and page entry)
-    tag = ("_quick" if a.quick else "") + (f"_lr{a.lr:g}" if a.lr else "")
+    tag = (("_quick" if a.quick else "") + (f"_lr{a.lr:g}" if a.lr else "")
+           + ("" if a.arms == list(CONFIGS) else "_" + "-".join(a.arms)))
     experiment = "bench-staleness-ablation" + tag.replace("_", "-")
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     model, data = ensure_model(Path(a.fileroot))
     Path(a.results_dir).mkdir(parents=True, exist_ok=True)
-    runs = resumable_runs(results_path(a, tag), a) if a.resume else {c: {} for c in CONFIGS}
+    runs = resumable_runs(results_path(a, tag), a) if a.resume else {c: {} for c in a.arms}
+    if a.resume and a.resume_from:
+        for cfg, got in resumable_runs(Path(a.resume_from), a).items():
+            runs[cfg] = {**got, **runs[cfg]}
     for seed in a.seeds:
         common = (f"seed={seed}", f"servers.random_seed={seed}",
                   f"actor.ppo_n_minibatches={a.ppo_minibatches}",
                   *([f"actor.optimizer.lr={a.lr}"] if a.lr else []))
-        for cfg, base in CONFIGS.items():
+        for cfg in a.arms:
             if seed in runs[cfg]:
                 continue
-            # the async runs at --eta; sync keeps eta = 0
-            extra = common if cfg == "sync" else (*common, f"rollout.max_head_offpolicyness={a.eta}")
+            # the async runs at --eta; sync keeps eta = 0; a variant's overrides come last
+            extra = common if cfg == "sync" else (*common, f"rollout.max_head_offpolicyness={a.eta}",
+                                                   *a.variants.get(cfg, ()))
+            base = CONFIGS.get(cfg, CONFIGS["decoupled"])
             metrics, _ = launch_run(base, a, model, data, experiment, f"{cfg}-s{seed}", extra)
             runs[cfg][seed] = run_figures(metrics)
             print(f"   final held-out reward {runs[cfg][seed]['final_reward']}", flush=True)
+            save_progress(a, runs, tag)
     report(a, runs, tag)
     return 0
 

@@ -107,3 +107,86 @@ def test_page_entry_names_its_learning_rate(tmp_path):
     assert "the main job's lr" in run_all.ablation_full_entry(staleness_ablation.report(a, runs, ""))["name"]
     a.lr = 1e-4
     assert "lr 0.0001" in run_all.ablation_full_entry(staleness_ablation.report(a, runs, ""))["name"]
+
+
+def test_variant_arms_run_with_their_overrides_and_get_their_own_file(tmp_path, capsys):
+    a = staleness_ablation.parse_args([
+        "--seeds", "1,2", "--arms", "icepop,lrhalf", "--results-dir", str(tmp_path),
+        "--variant", "icepop:actor.behav_imp_weight_floor=0.5, actor.behav_imp_weight_cap=2",
+        "--variant", "lrhalf:actor.optimizer.lr=1e-4"])
+    assert a.arms == ["sync", "icepop", "lrhalf"]  # sync always runs, first
+    assert a.variants == {"icepop": ["actor.behav_imp_weight_floor=0.5",
+                                     "actor.behav_imp_weight_cap=2"],
+                          "lrhalf": ["actor.optimizer.lr=1e-4"]}
+    runs = _runs({"sync": [0.80, 0.90], "icepop": [0.78, 0.88], "lrhalf": [0.60, 0.70]})
+    res = staleness_ablation.report(a, runs, "_sync-icepop-lrhalf")
+    assert res["relative_to_sync"] == pytest.approx({"icepop": 1.66 / 1.70, "lrhalf": 1.30 / 1.70})
+    assert res["verdict"] == "not run"  # no decoupled/naive pair to compare
+    out = capsys.readouterr().out
+    assert "variant icepop at eta=4, final reward / sync: 0.976 (target >= 0.95)" in out
+    # --resume keeps these runs only for the same variant definitions
+    path = tmp_path / "staleness_ablation_sync-icepop-lrhalf.json"
+    assert sorted(staleness_ablation.resumable_runs(path, a)["icepop"]) == [1, 2]
+    a.variants = {**a.variants, "lrhalf": ["actor.optimizer.lr=5e-5"]}
+    assert staleness_ablation.resumable_runs(path, a)["lrhalf"] == {}
+
+
+@pytest.mark.parametrize("argv", [
+    ["--variant", "icepop"],                        # no overrides
+    ["--variant", "naive:actor.c_clip=3"],          # a built-in arm's name
+    ["--variant", "x:=1"],                          # no key
+    ["--arms", "sync,unknown"],                     # an arm nobody defined
+])
+def test_malformed_variants_and_arms_exit_2(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        staleness_ablation.parse_args(argv)
+    assert e.value.code == 2 and "error:" in capsys.readouterr().err
+
+
+def test_results_page_entry_of_a_variant_file(tmp_path):
+    a = staleness_ablation.parse_args(["--seeds", "1,2", "--arms", "capped", "--results-dir",
+                                       str(tmp_path), "--variant", "capped:actor.behav_imp_weight_cap=2"])
+    runs = _runs({"sync": [0.80, 0.90], "capped": [0.70, 0.80]})
+    entry = run_all.ablation_full_entry(staleness_ablation.report(a, runs, "_sync-capped"))
+    (fig,) = entry["figures"]
+    assert fig["name"] == "variant capped at eta=4, final reward / sync"
+    assert fig["value"] == f"{1.5 / 1.7:.3f}" and fig["met"] is False
+    assert "actor.behav_imp_weight_cap=2" in entry["about"] and "arms sync, capped" in entry["name"]
+    assert "Naive PPO" not in entry["about"]  # no naive arm ran
+
+
+def test_progress_saved_after_each_run_resumes(tmp_path):
+    a = staleness_ablation.parse_args(["--seeds", "1,2", "--arms", "capped", "--results-dir",
+                                       str(tmp_path), "--variant", "capped:actor.behav_imp_weight_cap=2"])
+    runs = _runs({"sync": [0.80], "capped": [0.70]})
+    runs["sync"][2] = dict(runs["sync"][1], final_reward=0.9)  # seed 2: sync done, capped not yet
+    staleness_ablation.save_progress(a, runs, "_sync-capped")
+    kept = staleness_ablation.resumable_runs(tmp_path / "staleness_ablation_sync-capped.json", a)
+    assert {c: sorted(v) for c, v in kept.items()} == {"sync": [1, 2], "capped": [1]}
+    assert kept["sync"][2]["final_reward"] == 0.9
+
+
+def test_resume_from_another_variant_file_keeps_its_sync_runs_only(tmp_path):
+    old = staleness_ablation.parse_args(["--seeds", "1,2", "--arms", "capped", "--results-dir",
+                                         str(tmp_path), "--variant", "capped:actor.behav_imp_weight_cap=2"])
+    staleness_ablation.save_progress(old, _runs({"sync": [0.8, 0.9], "capped": [0.7, 0.6]}),
+                                     "_sync-capped")
+    new = staleness_ablation.parse_args(["--seeds", "1,2", "--arms", "capped", "--results-dir",
+                                         str(tmp_path), "--variant", "capped:actor.optimizer.lr=1e-4"])
+    kept = staleness_ablation.resumable_runs(tmp_path / "staleness_ablation_sync-capped.json", new)
+    # sync is the same arm; "capped" now names another variant, so its runs are not comparable
+    assert {c: sorted(v) for c, v in kept.items()} == {"sync": [1, 2], "capped": []}
+
+
+def test_report_counts_only_the_seeds_every_arm_finished(tmp_path, capsys):
+    runs = _runs({"sync": [0.80, 0.90, 0.70], "decoupled": [0.78, 0.88], "naive": [0.5, 0.6]})
+    res = staleness_ablation.report(_args(tmp_path, [1, 2, 3]), runs, "_t")
+    assert res["summary"]["sync"]["finals"] == [0.80, 0.90]  # seed 3 has only its sync run
+    assert "seeds [1, 2]" in capsys.readouterr().out
+
+
+def test_one_seed_variant_file_gives_no_page_figure(tmp_path):
+    a = staleness_ablation.parse_args(["--seeds", "5", "--arms", "capped", "--results-dir",
+                                       str(tmp_path), "--variant", "capped:actor.behav_imp_weight_cap=2"])
+    res = staleness_ablation.report(a, _runs({"sync": [0.9], "capped": [0.1]}), "_sync-capped")
+    assert run_all.ablation_full_entry(res)["figures"] == []
