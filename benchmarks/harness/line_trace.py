@@ -43,9 +43,11 @@ _IN_WINDOW: contextvars.ContextVar[bool] = contextvars.ContextVar(
 
 
 def _at_import(frame: FrameType | None) -> bool:
-    """A frame runs on behalf of an import: a module body other than ``__main__`` is below it."""
+    """A frame runs on behalf of an import: importlib's machinery is below it. (Not "a module
+    body other than ``__main__``": code that runs scripts by ``exec``, as pytest-xdist's workers
+    do under execnet, puts such a body below everything at run time.)"""
     while frame is not None:
-        if frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__") != "__main__":
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
             return True
         frame = frame.f_back
     return False
