@@ -7,36 +7,9 @@ import pytest
 
 from arealite.agent.chat import ChatRequestError
 from arealite.agent.messages_api import events, from_chat, to_chat
+from tests.support.chat_answers import chat_answer
 
 TOOL = {"name": "calc", "description": "d", "input_schema": {"type": "object"}}
-
-
-def chat_answer(content, calls=(), reason="stop"):
-    return {
-        "id": "chatcmpl-abc",
-        "created": 1,
-        "model": "m",
-        "choices": [
-            {
-                "index": 0,
-                "finish_reason": reason,
-                "message": {
-                    "role": "assistant",
-                    "content": content,
-                    "tool_calls": [
-                        {
-                            "id": f"call_{i}",
-                            "type": "function",
-                            "function": {"name": "calc", "arguments": a},
-                        }
-                        for i, a in enumerate(calls)
-                    ]
-                    or None,
-                },
-            }
-        ],
-        "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8},
-    }
 
 
 def test_blocks_become_the_chat_conversation():
