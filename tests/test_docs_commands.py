@@ -43,11 +43,8 @@ def work(tmp_path, tiny_model_dir) -> Path:
     """A user's clone after `make run` built the assets (the warm start stands in as the tiny
     model itself: the checks read its config and tokenizer, nothing trains here)."""
     shutil.copytree(ROOT / "configs", tmp_path / "configs")
-    shutil.copytree(
-        ROOT / "examples" / "own_task",
-        tmp_path / "my_task",
-        ignore=shutil.ignore_patterns("model", "outputs", "__pycache__"),
-    )
+    shutil.copytree(ROOT / "examples" / "own_task", tmp_path / "my_task",
+                    ignore=shutil.ignore_patterns("model", "outputs", "__pycache__"))
     assets = tmp_path / "outputs" / "assets"
     assets.mkdir(parents=True)
     for name in ("tiny_model", "sft_model"):
@@ -93,9 +90,8 @@ def forget_user_modules(work):
             del sys.modules[name]
 
 
-def test_every_documented_command_works_as_written(
-    work, tiny_model_dir, monkeypatch, capsys, forget_user_modules
-):
+def test_every_documented_command_works_as_written(work, tiny_model_dir, monkeypatch, capsys,
+                                                   forget_user_modules):
     unplanned, failed, skipped = [], [], []
     for doc in docs():
         for cmd in commands(doc):
@@ -131,9 +127,8 @@ def test_every_documented_command_works_as_written(
             res = subprocess.run(words, cwd=cwd, capture_output=True, text=True, timeout=120)
             if res.returncode != 0:
                 failed.append(f"{where}\n  exit {res.returncode}: {res.stderr.strip()[-600:]}")
-    assert not unplanned, "commands no rule of tests/support/doc_commands.py covers:\n" + "\n".join(
-        unplanned
-    )
+    assert not unplanned, "commands no rule of tests/support/doc_commands.py covers:\n" + \
+        "\n".join(unplanned)
     assert not failed, "documented commands that fail as written:\n" + "\n".join(failed)
     print(f"{len(skipped)} commands not run here:\n" + "\n".join(skipped))
 

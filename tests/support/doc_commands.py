@@ -14,10 +14,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 SHELL_LANGS = ("bash", "sh", "shell")
 # how an untagged block that holds a command starts: such a block must be tagged bash
-COMMAND_START = re.compile(
-    r"^(make |\.venv/bin/|\.venv-vllm/bin/|arealite |python |curl |"
-    r"docker |prometheus |torchrun |ray |sbatch )"
-)
+COMMAND_START = re.compile(r"^(make |\.venv/bin/|\.venv-vllm/bin/|arealite |python |curl |"
+                           r"docker |prometheus |torchrun |ray |sbatch )")
 # placeholders of the docs, and the values the test computes for them
 PLACEHOLDERS = {"$LR": "1e-3"}
 # a command checked as a dry run whose output a later command reads: after it, the test puts a
@@ -41,121 +39,65 @@ class Step:
 _ARE = r"^(\.venv/bin/)?arealite "
 # (pattern, how, why): the first match decides; reviewed like code.
 RULES: list[tuple[str, str, str]] = [
-    (
-        _ARE + r"plot outputs/",
-        "skip",
-        "plots a finished run's metrics; tests/examples/test_own_task.py trains and plots",
-    ),
+    (_ARE + r"plot outputs/", "skip", "plots a finished run's metrics; "
+     "tests/examples/test_own_task.py trains and plots"),
     (_ARE + r"(config|tiny-model|toy-data) ", "run", "seconds"),
     (_ARE + r"train .*--dry-run$", "run", "a dry run: every pre-launch check, nothing started"),
-    (
-        _ARE + r"train ",
-        "dry-run",
-        "servers and a trainer for minutes (or GPUs): the dry run "
-        "makes every pre-launch check of the same command",
-    ),
-    (
-        _ARE + r"main-job --moe",
-        "skip",
-        "the MoE job builds its own assets (minutes); "
-        "tests/trainer/test_moe_grpo.py runs its GRPO with routing replay",
-    ),
-    (
-        _ARE + r"real-model-job",
-        "skip",
-        "imports SmolLM2 and trains it for minutes; "
-        "tests/trainer/test_smollm2_grpo.py runs its short form, tests/cli/test_cli.py its "
-        "refusal of an unknown task",
-    ),
+    (_ARE + r"train ", "dry-run", "servers and a trainer for minutes (or GPUs): the dry run "
+     "makes every pre-launch check of the same command"),
+    (_ARE + r"main-job --moe", "skip", "the MoE job builds its own assets (minutes); "
+     "tests/trainer/test_moe_grpo.py runs its GRPO with routing replay"),
+    (_ARE + r"real-model-job", "skip", "imports SmolLM2 and trains it for minutes; "
+     "tests/trainer/test_smollm2_grpo.py runs its short form, tests/cli/test_cli.py its "
+     "refusal of an unknown task"),
     (_ARE + r"rg-data ", "run", "seconds"),
-    (
-        _ARE + r"(main|agent|vision)-job",
-        "job-config",
-        "a whole job (minutes): its GRPO and SFT configs are resolved with the command's overrides",
-    ),
+    (_ARE + r"(main|agent|vision)-job", "job-config", "a whole job (minutes): its GRPO and SFT "
+     "configs are resolved with the command's overrides"),
     (r"^make run$", "job-config", "the main job (minutes), as `arealite main-job`"),
     (r"^\.venv/bin/python -c \"from arealite\.demo\.toy_math import", "run", "seconds"),
     (r"^python make_data\.py$", "run", "seconds"),
     (r"^make (test|setup-vllm|setup-trl)", "skip", "the suite itself / an install"),
-    (
-        r"^make gpu-check",
-        "skip",
-        "a benchmark of minutes (tests/benchmarks/gpu_check runs its parts)",
-    ),
+    (r"^make gpu-check", "skip", "a benchmark of minutes (tests/benchmarks/gpu_check runs its parts)"),
     (r"^\.venv/bin/python -m pytest", "skip", "the suite itself"),
-    (
-        r"^(ray |RAY_ADDRESS=|python -m arealite\.launcher\.ray )",
-        "skip",
-        "a Ray cluster (tests/launcher/test_launcher_ray.py starts one)",
-    ),
-    (
-        r"^(export AREALITE_DEPLOY=|N_SERVER_NODES=|SERVERS_ROOT=)",
-        "skip",
-        "Slurm (tests/deploy and tests/launcher/test_launcher_slurm.py check the templates)",
-    ),
+    (r"^(ray |RAY_ADDRESS=|python -m arealite\.launcher\.ray )", "skip",
+     "a Ray cluster (tests/launcher/test_launcher_ray.py starts one)"),
+    (r"^(export AREALITE_DEPLOY=|N_SERVER_NODES=|SERVERS_ROOT=)", "skip",
+     "Slurm (tests/deploy and tests/launcher/test_launcher_slurm.py check the templates)"),
     (r"^(prometheus |docker )", "skip", "an external tool"),
-    (
-        r"^\.venv/bin/python -m arealite\.observe\.trace_plot ",
-        "skip",
-        "needs a traced run (tests/observe check trace_plot)",
-    ),
-    (
-        r"^(\.venv/bin/)?python -m servers\.launch_server --model-path /path/to/hf_model ",
-        "skip",
-        "one server in the foreground: docs/weight_updates.md's pool, which the docs test starts, "
-        "runs this command for each server (servers/launch_pool.py)",
-    ),
-    (
-        r"^(\.venv/bin/)?python -m servers\.launch_pool --n 4 .*\[",
-        "skip",
-        "a usage synopsis ([optional] flags): the docs test starts docs/weight_updates.md's pool",
-    ),
-    (
-        r"^(\.venv/bin/)?python -m servers\.launch_server .*--lora-paths|^curl -s localhost:30000/"
-        r"(load_lora_adapter|unload_lora_adapter|generate -d '\{\"input_ids\": \[\[5)",
-        "skip",
-        "a server with the adapters of a trained run: tests/servers/test_server_lora.py drives "
-        "/load_lora_adapter, per-row lora_path and /unload_lora_adapter",
-    ),
-    (
-        r"^curl -s \$S/(init_weights_update_group|begin_weight_update|"
-        r"update_weights_from_distributed|end_weight_update) ",
-        "skip",
-        "needs a trainer process as rank 0 of the broadcast group: tests/servers/weights/"
-        "test_server_weights.py drives these four calls with one",
-    ),
-    (
-        r"^curl -s localhost:30000/generate .*image_data",
-        "skip",
-        "a vision-language model's server: tests/servers/test_server_vision.py sends image_data "
-        "with a text prompt and an image path",
-    ),
-    (
-        r"^VLLM_SERVER_DEV_MODE=",
-        "skip",
-        "real vLLM starts in about a minute: tests/backends/"
-        "test_vllm_backend_integration.py starts its servers with this command "
-        "(arealite/backends/vllm/server_command.py)",
-    ),
-    (
-        r"^python -m (tests\.support\.fuzz_servers|benchmarks\.)",
-        "skip",
-        "a benchmark or fuzz run of minutes",
-    ),
+    (r"^\.venv/bin/python -m arealite\.observe\.trace_plot ", "skip",
+     "needs a traced run (tests/observe check trace_plot)"),
+    (r"^(\.venv/bin/)?python -m servers\.launch_server --model-path /path/to/hf_model ", "skip",
+     "one server in the foreground: docs/weight_updates.md's pool, which the docs test starts, "
+     "runs this command for each server (servers/launch_pool.py)"),
+    (r"^(\.venv/bin/)?python -m servers\.launch_pool --n 4 .*\[", "skip",
+     "a usage synopsis ([optional] flags): the docs test starts docs/weight_updates.md's pool"),
+    (r"^(\.venv/bin/)?python -m servers\.launch_server .*--lora-paths|^curl -s localhost:30000/"
+     r"(load_lora_adapter|unload_lora_adapter|generate -d '\{\"input_ids\": \[\[5)", "skip",
+     "a server with the adapters of a trained run: tests/servers/test_server_lora.py drives "
+     "/load_lora_adapter, per-row lora_path and /unload_lora_adapter"),
+    (r"^curl -s \$S/(init_weights_update_group|begin_weight_update|"
+     r"update_weights_from_distributed|end_weight_update) ", "skip",
+     "needs a trainer process as rank 0 of the broadcast group: tests/servers/weights/"
+     "test_server_weights.py drives these four calls with one"),
+    (r"^curl -s localhost:30000/generate .*image_data", "skip",
+     "a vision-language model's server: tests/servers/test_server_vision.py sends image_data "
+     "with a text prompt and an image path"),
+    (r"^VLLM_SERVER_DEV_MODE=", "skip", "real vLLM starts in about a minute: tests/backends/"
+     "test_vllm_backend_integration.py starts its servers with this command "
+     "(arealite/backends/vllm/server_command.py)"),
+    (r"^python -m (tests\.support\.fuzz_servers|benchmarks\.)", "skip",
+     "a benchmark or fuzz run of minutes"),
 ]
 
 
 # rules for one doc's commands, checked before RULES
 DOC_RULES: dict[str, list[tuple[str, str, str]]] = {
     "docs/quickstart.md": [
-        (
-            r"^\.venv/bin/python -m servers\.launch_pool |^until grep |^export \$\(grep |"
-            r"^\.venv/bin/torchrun .* -m arealite\.trainer\.grpo ",
-            "skip",
-            "the by-hand trainer is a run of minutes (tests/launcher/test_launcher_run.py::"
-            "test_server_only_then_trainer_only runs a trainer against servers started apart); its "
-            "pool is docs/weight_updates.md's (less --weight-load-root), which the docs test starts",
-        ),
+        (r"^\.venv/bin/python -m servers\.launch_pool |^until grep |^export \$\(grep |"
+         r"^\.venv/bin/torchrun .* -m arealite\.trainer\.grpo ", "skip",
+         "the by-hand trainer is a run of minutes (tests/launcher/test_launcher_run.py::"
+         "test_server_only_then_trainer_only runs a trainer against servers started apart); its "
+         "pool is docs/weight_updates.md's (less --weight-load-root), which the docs test starts"),
     ],
 }
 # docs whose commands that talk to servers run in one shell per doc, in order, against live
@@ -163,17 +105,17 @@ DOC_RULES: dict[str, list[tuple[str, str, str]]] = {
 # doc -> the commands run there. weight_updates.md first: its pool serves the later docs.
 SESSIONS: dict[str, str] = {
     "docs/weight_updates.md": r"^(\.venv/bin/python -m servers\.(launch_pool|gateway) |until |"
-    r"ADDRS=|G=|curl )",
-    "docs/servers.md": r"^(S=|G=|\.venv/bin/python -m servers\.gateway |curl -s(N| -X POST)? \$[SG]/)",
+                              r"ADDRS=|G=|curl )",
+    "docs/servers.md": r"^(S=|G=|\.venv/bin/python -m servers\.gateway |"
+                       r"curl -s(N| -X POST)? \$[SG]/)",
 }
 SESSION_WHY = "talks to servers: run by the docs test's integration part, against a live pool"
 
 
 def plan(cmd: Command) -> Step | None:
     rules = DOC_RULES.get(cmd.doc, []) + RULES
-    step = next(
-        (Step(how, why) for pattern, how, why in rules if re.search(pattern, cmd.text)), None
-    )
+    step = next((Step(how, why) for pattern, how, why in rules if re.search(pattern, cmd.text)),
+                None)
     session = SESSIONS.get(cmd.doc)
     if session and re.search(session, cmd.text) and (step is None or step.how != "skip"):
         return Step("session", SESSION_WHY)
