@@ -5,9 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from arealite.api.config.loader import ConfigError, load_config, to_yaml
 from arealite.dataset.reasoning_gym import add_data_options
+
+if TYPE_CHECKING:
+    from arealite.demo.tiny import TinyModelSpec
 
 
 class _Taken(Exception):
@@ -29,17 +33,23 @@ def _cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_tiny_model(args: argparse.Namespace) -> int:
-    from arealite.demo.tiny import TinyModelSpec, build_tiny_model
+def tiny_model_spec(args: argparse.Namespace) -> TinyModelSpec:
+    """The model ``arealite tiny-model`` builds (its defaults: the main job's tiny model)."""
+    from arealite.demo.tiny import TinyModelSpec
 
-    _refuse_taken(args.out, ("config.json",), args.overwrite)
-    spec = TinyModelSpec(
+    return TinyModelSpec(
         seed=args.seed, hidden_size=args.hidden_size, num_hidden_layers=args.num_layers,
         intermediate_size=args.intermediate_size, vocab_size=args.vocab_size,
         vision=args.vision, moe=args.moe, num_experts=args.num_experts,
         num_experts_per_tok=args.top_k,
     )
-    print(build_tiny_model(args.out, spec))
+
+
+def _cmd_tiny_model(args: argparse.Namespace) -> int:
+    from arealite.demo.tiny import build_tiny_model
+
+    _refuse_taken(args.out, ("config.json",), args.overwrite)
+    print(build_tiny_model(args.out, tiny_model_spec(args)))
     return 0
 
 

@@ -56,15 +56,44 @@ def ensure_sft(sft_model: Path, sft_cmd: list[str], label: str = "SFT warm start
     and overrides) when missing; the launcher's exit status."""
     from arealite.launcher.local import main as launch
 
+    # the warm start is a shared asset, written once: a job asking for another one (`sft.`
+    # overrides) reuses it as it is, and is told so (its figures are then not `make run`'s)
+    stamp = sft_model.with_name(sft_model.name + ".args")
     if (sft_model / "config.json").is_file():
-        print(f"== 2/3 {label}: reusing {sft_model}", flush=True)
+        note = _built_otherwise(stamp, sft_model, sft_cmd)
+        print(f"== 2/3 {label}: reusing {sft_model}{note}", flush=True)
         return 0
     print(f"== 2/3 {label} -> {sft_model}", flush=True)
-    # a trial of its own: `arealite train <sft config>` by hand runs in the config's trial and
-    # writes its model there, never over the warm start the RL runs load; one trial per assets
-    # folder (the MoE twin's warm start is another run than the main job's)
+    code = launch(warm_start_args(sft_model, sft_cmd))
+    if code == 0:
+        stamp.write_text("\n".join(sft_cmd) + "\n")
+    return code
+
+
+def warm_start_args(sft_model: Path, sft_cmd: list[str]) -> list[str]:
+    """The launcher's arguments that build the warm start at ``sft_model``. A trial of its own:
+    `arealite train <sft config>` by hand runs in the config's trial and writes its model there,
+    never over the warm start the RL runs load; one trial per assets folder (the MoE twin's warm
+    start is another run than the main job's). That trial only ever builds this asset, and
+    runs only when the asset is missing (deleted, or a build that failed), so a run found there
+    is a stale build: replaced (``launcher.overwrite``), or `make run` would stop for good."""
     trial = warm_start_trial(sft_model.parent.name)
-    return launch([sft_cmd[0], f"trial_name={trial}", *sft_cmd[1:], f"output_dir={sft_model}"])
+    return [sft_cmd[0], f"trial_name={trial}", *sft_cmd[1:], f"output_dir={sft_model}",
+            "launcher.overwrite=true"]
+
+
+def _built_otherwise(stamp: Path, sft_model: Path, sft_cmd: list[str]) -> str:
+    """``, built with ...`` when the warm start on disk was trained with other SFT arguments
+    than this job asks for ('' when the same, or when it has no stamp)."""
+    if not stamp.is_file():
+        return ""
+    built = stamp.read_text().splitlines()
+    if built == list(sft_cmd):
+        return ""
+    was = " ".join(a for a in built if a not in sft_cmd) or "the default arguments"
+    now = " ".join(a for a in sft_cmd if a not in built)
+    return (f", built with {was}" + (f" instead of {now}" if now else "")
+            + f" (delete {sft_model} to build this job's own)")
 
 
 def warm_start_trial(assets_dir: str) -> str:

@@ -21,6 +21,9 @@ from arealite.backends.vllm import server_command as vllm_server
 from arealite.utils import keys, network
 
 ADDRS_ENV = "AREAL_LLM_SERVER_ADDRS"
+# set for the trainers a launcher starts: it has decided on the run folder (run_folder.claim);
+# a trainer started by hand (torchrun -m arealite.trainer.grpo) decides itself
+CLAIMED_ENV = "AREALITE_RUN_FOLDER_CLAIMED"
 SECRET_FLAGS = ("--api-key", "--admin-api-key")
 # launcher.server_backend -> the module run as `python -m MODULE` (same flags for the first
 # two; vLLM's command is backends/vllm/server_command.py's, from its own virtualenv).
@@ -284,7 +287,8 @@ def trainer_spec(
            "--master-addr", "127.0.0.1", "--master-port", str(master_port),
            "-m", entry_module(config), str(config_path), *overrides]
     env = {"OMP_NUM_THREADS": str(thread_counts(lc)[1]), "PYTHONUNBUFFERED": "1",
-           "TOKENIZERS_PARALLELISM": "false", **run_keys(config, environ, "rollout")}
+           "TOKENIZERS_PARALLELISM": "false", CLAIMED_ENV: "1",
+           **run_keys(config, environ, "rollout")}
     if server_addrs:
         env[ADDRS_ENV] = ",".join(server_addrs)
     if gpu_offset is not None:

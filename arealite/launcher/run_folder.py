@@ -15,7 +15,9 @@ since a LoRA adapter saved beside a full model leaves a folder that loads as nei
 
 from __future__ import annotations
 
+import os
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -105,6 +107,19 @@ def claim(config: BaseExperimentConfig, mode: str) -> Claim:
     if taken_out is not None:
         raise _refusal(f"output_dir {out_dir} already holds a model", "output_dir=...")
     return Claim("fresh", run_dir)
+
+
+def claim_by_hand(config: BaseExperimentConfig, environ: Mapping[str, str] = os.environ) -> None:
+    """The same decision for a trainer started without a launcher (``torchrun -m
+    arealite.trainer.grpo``, as docs/quickstart.md does by hand; Slurm's trainer.sbatch): a
+    launcher's trainers skip it (the launcher decided, and its restarts resume the folder).
+    Every rank decides before anything is written (nothing is, before all ranks meet); rank 0
+    empties the folder for ``launcher.overwrite``. ``LaunchError`` when refused."""
+    if environ.get(plan.CLAIMED_ENV):
+        return
+    decision = claim(config, "trainer_only")
+    if int(environ.get("RANK", "0")) == 0:
+        decision.apply()
 
 
 def _refusal(what: str, fresh: str) -> LaunchError:

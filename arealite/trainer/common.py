@@ -14,14 +14,29 @@ logger = logging.getLogger("arealite.trainer.common")
 
 
 def config_from_argv(argv: list[str] | None, cls: type[BaseExperimentConfig]) -> Any:
-    """``CONFIG.yaml key=value ...`` -> a validated config; a config error exits with status 2."""
+    """``CONFIG.yaml key=value ...`` -> a validated config; a config error exits with status 2.
+    Run as a script (``argv`` None: torchrun, a launcher), the run folder is checked as a
+    launcher checks it (``run_folder.claim_by_hand``): a second run by hand into a trial that
+    holds one is refused with one line and status 2 instead of appending to it."""
+    from_script = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     path = argv.pop(0) if argv and "=" not in argv[0] else None
     try:
-        return load_config(path, argv, cls)
+        config = load_config(path, argv, cls)
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+    if from_script:
+        from arealite.launcher.plan import LaunchError
+        from arealite.launcher.run_folder import claim_by_hand
+
+        try:
+            claim_by_hand(config)
+        except LaunchError as e:
+            if dist_info()[0] == 0:  # one line, not one per rank
+                print(f"arealite: launch error: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
+    return config
 
 
 def dist_info() -> tuple[int, int]:

@@ -25,8 +25,11 @@ def model_dir_problem(path: str, key: str) -> str | None:
         return None
     p = Path(path)
     if not p.is_dir():
-        return f"{key}={path}: no such folder (build one with `arealite tiny-model --out {path}`, " \
-               "or point it at an HF model folder)"
+        # never "build a tiny model there": at outputs/assets/sft_model that untrained model
+        # would be taken by `make run` for its trained warm start (it builds what is missing)
+        return (f"{key}={path}: no such folder (point it at an HF model folder; `make run` "
+                "builds the toy configs' outputs/assets/tiny_model and sft_model, "
+                "`arealite tiny-model --out DIR` an untrained tiny model)")
     if (p / "config.json").is_file():
         if (p / "adapter_config.json").is_file():
             return (f"{key}={path} holds both a full model and a LoRA adapter (an adapter saved "

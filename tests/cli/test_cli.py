@@ -114,3 +114,23 @@ def test_reasoning_gym_commands_refuse_an_unknown_task_in_one_line(tmp_path, cap
     assert main(["rg-data", "--out", str(out), "--tasks", "gcd", "--n-train", "4", "--n-valid", "2"]) == 0
     assert (out / "train.jsonl").read_text().count("\n") == 4
 
+
+
+def test_asset_commands_with_their_defaults_make_the_main_jobs_assets(tmp_path):
+    """#37: a user who builds an asset by hand where `make run` looks for it (as a refusal line
+    or the SmolLM2 config's header says) gets the main job's own asset, so `make run` after it
+    trains on the same task and model and its figures stay those of the README."""
+    from arealite.cli.main import build_parser, main, tiny_model_spec
+    from arealite.demo.main_job import build_assets
+    from arealite.demo.tiny import TinyModelSpec
+
+    assert main(["toy-data", "--out", str(tmp_path / "cli")]) == 0
+    (tmp_path / "job" / "tiny_model").mkdir(parents=True)
+    (tmp_path / "job" / "tiny_model" / "config.json").write_text("{}")  # only the task is built
+    build_assets(tmp_path / "job")
+    for name in ("train.jsonl", "valid.jsonl"):
+        assert (tmp_path / "cli" / name).read_bytes() == \
+            (tmp_path / "job" / "toy_math" / name).read_bytes()
+
+    args = build_parser().parse_args(["tiny-model", "--out", str(tmp_path / "m")])
+    assert tiny_model_spec(args) == TinyModelSpec()  # what build_assets builds (moe=False)

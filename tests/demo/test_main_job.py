@@ -77,3 +77,36 @@ def test_sft_prefixed_overrides_go_to_the_warm_start():
     assert grpo == ["total_train_steps=5", "actor.path=x"]
     assert sft == ["total_train_steps=7", "evaluator.freq_steps=10"]
     assert split_sft_overrides(None) == ([], [])
+
+
+def test_a_deleted_warm_start_is_rebuilt_over_its_stale_trial(tmp_path, capsys):
+    """#37: deleting outputs/assets/sft_model (to rebuild it) must not leave `make run` refused
+    for good by the warm-start trial the first build left: that trial only builds the asset."""
+    from arealite.demo.main_job import SFT_CONFIG, warm_start_args
+    from arealite.launcher.local import main as launch
+    from tests.support.min_assets import min_assets
+
+    over = min_assets(tmp_path, "model.path")
+    stale = tmp_path / "out" / "toy-sft" / "warm-start" / "logs"
+    stale.mkdir(parents=True)
+    (stale / "metrics.jsonl").write_text('{"step": 0}\n')
+    args = warm_start_args(tmp_path / "out" / "assets" / "sft_model",
+                           [str(ROOT / SFT_CONFIG), *over])
+    assert launch([*args, "--dry-run"]) == 0
+    assert "toy-sft/warm-start: overwrite" in capsys.readouterr().out
+
+
+def test_a_reused_warm_start_built_otherwise_says_so(tmp_path, capsys):
+    """A job whose `sft.` overrides differ from the warm start's on disk reuses it (an asset
+    is written once) and says with what it was built, so a figure that differs is explained."""
+    from arealite.demo.main_job import ensure_sft
+
+    model = tmp_path / "sft_model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (tmp_path / "sft_model.args").write_text("cfg.yaml\ntotal_train_steps=100\n")
+    assert ensure_sft(model, ["cfg.yaml"]) == 0
+    out = capsys.readouterr().out
+    assert f"reusing {model}, built with total_train_steps=100 (delete {model}" in out
+    assert ensure_sft(model, ["cfg.yaml", "total_train_steps=100"]) == 0
+    assert capsys.readouterr().out.strip() == f"== 2/3 SFT warm start: reusing {model}"

@@ -95,3 +95,34 @@ def test_an_sft_never_writes_into_a_model_it_does_not_own(tmp_path, capsys):
     cfg = load_config(SFT, [*over, f"output_dir={warm}", "launcher.overwrite=true"])
     run_folder.claim(cfg, "local").apply()
     assert sorted(p.name for p in warm.iterdir()) == ["notes.txt"]
+
+
+def test_a_trainer_started_by_hand_decides_as_a_launcher_does(tmp_path, capsys, monkeypatch):
+    """docs/quickstart.md's by-hand trainer (torchrun -m arealite.trainer.grpo), run twice into
+    one trial, is refused the second time instead of appending; a launcher's trainers (and its
+    restarts) are not asked again."""
+    from arealite.api.config.experiment import GRPOConfig
+    from arealite.launcher.plan import CLAIMED_ENV, trainer_spec
+    from arealite.trainer.common import config_from_argv
+
+    over = min_assets(tmp_path)
+    cfg = load_config(GRPO, over)
+    _earlier_run(cfg.run_dir())
+    monkeypatch.delenv(CLAIMED_ENV, raising=False)
+    monkeypatch.setattr("sys.argv", ["grpo", GRPO, *over])
+    with pytest.raises(SystemExit) as e:
+        config_from_argv(None, GRPOConfig)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"{cfg.run_dir()} already holds a run" in err
+    # called with its arguments (in-process, as the tests and benchmarks do) it is not asked
+    assert config_from_argv([GRPO, *over], GRPOConfig).trial_name == "main"
+    # a launcher's trainer: the launcher decided (and a restart resumes the folder)
+    assert trainer_spec(cfg, GRPO, over, 29500, ["127.0.0.1:1"]).env[CLAIMED_ENV] == "1"
+    run_folder.claim_by_hand(cfg, {CLAIMED_ENV: "1"})
+    # overwrite by hand: rank 0 empties the folder, the other ranks only decide
+    cfg = load_config(GRPO, [*over, "launcher.overwrite=true"])
+    run_folder.claim_by_hand(cfg, {"RANK": "1"})
+    assert run_folder.holds_run(cfg.run_dir()) == ["logs/metrics.jsonl"]
+    run_folder.claim_by_hand(cfg, {"RANK": "0"})
+    assert not cfg.run_dir().exists()

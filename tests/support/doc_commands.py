@@ -32,7 +32,7 @@ class Command:
 
 @dataclass(frozen=True)
 class Step:
-    how: str  # run | dry-run | job-config | skip
+    how: str  # run | dry-run | job-config | session | skip
     why: str
 
 
@@ -66,19 +66,60 @@ RULES: list[tuple[str, str, str]] = [
     (r"^(prometheus |docker )", "skip", "an external tool"),
     (r"^\.venv/bin/python -m arealite\.observe\.trace_plot ", "skip",
      "needs a traced run (tests/observe check trace_plot)"),
-    (r"^(curl |[A-Z]+=http|ADDRS=|until |(\.venv/bin/)?python -m servers\.|export \$\(grep|"
-     r"\.venv/bin/torchrun |VLLM_SERVER_DEV_MODE=)", "skip",
-     "talks to running servers (tests/servers and tests/weights drive the same routes)"),
+    (r"^(\.venv/bin/)?python -m servers\.launch_server --model-path /path/to/hf_model ", "skip",
+     "one server in the foreground: docs/weight_updates.md's pool, which the docs test starts, "
+     "runs this command for each server (servers/launch_pool.py)"),
+    (r"^(\.venv/bin/)?python -m servers\.launch_pool --n 4 .*\[", "skip",
+     "a usage synopsis ([optional] flags): the docs test starts docs/weight_updates.md's pool"),
+    (r"^(\.venv/bin/)?python -m servers\.launch_server .*--lora-paths|^curl -s localhost:30000/"
+     r"(load_lora_adapter|unload_lora_adapter|generate -d '\{\"input_ids\": \[\[5)", "skip",
+     "a server with the adapters of a trained run: tests/servers/test_server_lora.py drives "
+     "/load_lora_adapter, per-row lora_path and /unload_lora_adapter"),
+    (r"^curl -s \$S/(init_weights_update_group|begin_weight_update|"
+     r"update_weights_from_distributed|end_weight_update) ", "skip",
+     "needs a trainer process as rank 0 of the broadcast group: tests/servers/weights/"
+     "test_server_weights.py drives these four calls with one"),
+    (r"^curl -s localhost:30000/generate .*image_data", "skip",
+     "a vision-language model's server: tests/servers/test_server_vision.py sends image_data "
+     "with a text prompt and an image path"),
+    (r"^VLLM_SERVER_DEV_MODE=", "skip", "real vLLM starts in about a minute: tests/backends/"
+     "test_vllm_backend_integration.py starts its servers with this command "
+     "(arealite/backends/vllm/server_command.py)"),
     (r"^python -m (tests\.support\.fuzz_servers|benchmarks\.)", "skip",
      "a benchmark or fuzz run of minutes"),
 ]
 
 
+# rules for one doc's commands, checked before RULES
+DOC_RULES: dict[str, list[tuple[str, str, str]]] = {
+    "docs/quickstart.md": [
+        (r"^\.venv/bin/python -m servers\.launch_pool |^until grep |^export \$\(grep |"
+         r"^\.venv/bin/torchrun .* -m arealite\.trainer\.grpo ", "skip",
+         "the by-hand trainer is a run of minutes (tests/launcher/test_launcher_run.py::"
+         "test_server_only_then_trainer_only runs a trainer against servers started apart); its "
+         "pool is docs/weight_updates.md's (less --weight-load-root), which the docs test starts"),
+    ],
+}
+# docs whose commands that talk to servers run in one shell per doc, in order, against live
+# servers (tests/test_docs_commands.py::test_server_commands_work_as_written, integration):
+# doc -> the commands run there. weight_updates.md first: its pool serves the later docs.
+SESSIONS: dict[str, str] = {
+    "docs/weight_updates.md": r"^(\.venv/bin/python -m servers\.(launch_pool|gateway) |until |"
+                              r"ADDRS=|G=|curl )",
+    "docs/servers.md": r"^(S=|G=|\.venv/bin/python -m servers\.gateway |"
+                       r"curl -s(N| -X POST)? \$[SG]/)",
+}
+SESSION_WHY = "talks to servers: run by the docs test's integration part, against a live pool"
+
+
 def plan(cmd: Command) -> Step | None:
-    for pattern, how, why in RULES:
-        if re.search(pattern, cmd.text):
-            return Step(how, why)
-    return None
+    rules = DOC_RULES.get(cmd.doc, []) + RULES
+    step = next((Step(how, why) for pattern, how, why in rules if re.search(pattern, cmd.text)),
+                None)
+    session = SESSIONS.get(cmd.doc)
+    if session and re.search(session, cmd.text) and (step is None or step.how != "skip"):
+        return Step("session", SESSION_WHY)
+    return step
 
 
 def _strip_comment(line: str) -> str:

@@ -20,7 +20,11 @@ def test_a_full_model_an_adapter_alone_and_nothing(tmp_path):
     (full / "adapter_config.json").write_text("{}")  # an adapter saved into a model's folder
     assert "both a full model and a LoRA adapter" in model_dir_problem(str(full), "model.path")
     assert "no config.json" in model_dir_problem(str(tmp_path), "actor.path")
-    assert "no such folder" in model_dir_problem(str(tmp_path / "nope"), "actor.path")
+    missing = model_dir_problem(str(tmp_path / "sft_model"), "actor.path")
+    assert "no such folder" in missing and "`make run` builds" in missing
+    # #37: never "build a tiny model at that path": an untrained model at the main job's
+    # warm-start folder would be taken by `make run` as its trained warm start
+    assert f"--out {tmp_path / 'sft_model'}" not in missing
 
 
 def test_hub_ids_are_left_to_their_library(tmp_path, monkeypatch):
