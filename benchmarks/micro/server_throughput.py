@@ -198,19 +198,21 @@ def mixed_constrained(model_path: str, vocab: int, args) -> dict:
         print(f"{name:18s} median {statistics.median(vals):9.1f} tokens/s (unconstrained requests)")
     print(f"same tokens in both kinds of round: {same}; load average at end={load_end:.2f} on "
           f"{os.cpu_count()} cores (a loaded machine swings the wall clock)")
-    print(f"paired wall ratios mixed / all-unconstrained: {' '.join(f'{r:.3f}' for r in wall)}")
-    print(f"paired CPU ratios  mixed / all-unconstrained: {' '.join(f'{r:.3f}' for r in cpu)}")
-    print(f"unconstrained throughput, mixed / all-unconstrained, wall clock (median of "
-          f"{len(wall)} pairs, quartiles {ws['q1']:.3f}-{ws['q3']:.3f}): {ws['median']:.3f} "
-          "(target >= 0.95)")
-    print(f"unconstrained tokens per server CPU second, mixed / all-unconstrained (median of "
-          f"{len(cpu)} pairs, quartiles {cs['q1']:.3f}-{cs['q3']:.3f}): {cs['median']:.3f} "
-          "(target >= 0.95)")
+    headlines = [
+        f"paired wall ratios mixed / all-unconstrained: {' '.join(f'{r:.3f}' for r in wall)}",
+        f"paired CPU ratios  mixed / all-unconstrained: {' '.join(f'{r:.3f}' for r in cpu)}",
+        f"unconstrained throughput mixed / all-unconstrained by wall clock (median of "
+        f"{len(wall)} pairs, quartiles {ws['q1']:.3f}-{ws['q3']:.3f}): {ws['median']:.3f} "
+        "(target >= 0.95)",
+        f"unconstrained tokens per server CPU second mixed / all-unconstrained (median of "
+        f"{len(cpu)} pairs, quartiles {cs['q1']:.3f}-{cs['q3']:.3f}): {cs['median']:.3f} "
+        "(target >= 0.95)"]
+    print("\n".join(headlines))
     return {"model": model_path, "vocab": vocab, "regex": MIX_REGEX, "requests": len(reqs),
             "max_new_tokens": args.max_new_tokens, "pairs": args.rounds, "order": "ABBA",
             "cores": os.cpu_count(), "load_average_start_end": [load_start, load_end],
             "same_tokens": same, "wall_ratio": ws, "cpu_ratio": cs, "wall_ratios": wall,
-            "cpu_ratios": cpu, "rounds": rounds}
+            "cpu_ratios": cpu, "headlines": headlines, "rounds": rounds}
 
 
 def write_result(run: dict, path: str | None, model_path: str | None) -> Path:
@@ -219,7 +221,7 @@ def write_result(run: dict, path: str | None, model_path: str | None) -> Path:
     from benchmarks.harness.paths import results_dir
     from benchmarks.harness.report import machine_info
 
-    tag = "tiny" if model_path is None else Path(model_path).name
+    tag = model_tag(model_path)
     out = Path(path) if path else results_dir("server_throughput") / f"mixed_constrained_{tag}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     run = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -228,6 +230,28 @@ def write_result(run: dict, path: str | None, model_path: str | None) -> Path:
     out.write_text(json.dumps(run, indent=1))
     print(f"results: {out}")
     return out
+
+
+def model_tag(model_path: str | None) -> str:
+    return "tiny" if model_path is None else Path(model_path).name
+
+
+def page_entry(r: dict) -> dict:
+    """A kept mixed-constrained run as a row group of docs/benchmarks.md (benchmarks.harness
+    .run_all adds one per ``mixed_constrained_*.json``)."""
+    from benchmarks.harness.report import parse_figures
+
+    load = "-".join(f"{x:.1f}" for x in r["load_average_start_end"])
+    return {"name": f"server_throughput, mixed constrained ({r['model_tag']}, {r['pairs']} pairs, "
+                    f"ran {r['date'][:10]})",
+            "command": r["command"], "status": f"ran {r['date']}", "seconds": None,
+            "figures": [f.as_dict() for f in parse_figures("server_throughput", "\n".join(r["headlines"]))],
+            "notes": r["headlines"],
+            "about": f"Unconstrained requests' throughput with every other request of the batch "
+                     f"regex-constrained, against the same requests all unconstrained "
+                     f"({r['requests']} requests, up to {r['max_new_tokens']} new tokens, pairs in "
+                     f"ABBA order); load average {load} on {r['cores']} cores during the run. "
+                     f"All rounds in `benchmarks/results/server_throughput/`."}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -260,7 +284,8 @@ def main(argv: list[str] | None = None) -> None:
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
     vocab = model.config.vocab_size
     if args.mixed_constrained:
-        write_result(mixed_constrained(model_path, vocab, args), args.out, args.model_path)
+        run = {"model_tag": model_tag(args.model_path), **mixed_constrained(model_path, vocab, args)}
+        write_result(run, args.out, args.model_path)
         return
     pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
     if args.rows:
