@@ -242,6 +242,9 @@ def page_entry(r: dict) -> dict:
     from benchmarks.harness.report import parse_figures
 
     load = "-".join(f"{x:.1f}" for x in r["load_average_start_end"])
+    model = (f"the tiny test model (vocabulary {r['vocab']})" if r["model_tag"] == "tiny" else
+             f"the `--model-path` model `{r['model_tag']}` (vocabulary {r['vocab']}; SmolLM2-135M-"
+             "Instruct is `arealite.demo.smollm2.import_smollm2(DIR)`)")
     return {"name": f"server_throughput, mixed constrained ({r['model_tag']}, {r['pairs']} pairs, "
                     f"ran {r['date'][:10]})",
             "command": r["command"], "status": f"ran {r['date']}", "seconds": None,
@@ -250,8 +253,8 @@ def page_entry(r: dict) -> dict:
             "about": f"Unconstrained requests' throughput with every other request of the batch "
                      f"regex-constrained, against the same requests all unconstrained "
                      f"({r['requests']} requests, up to {r['max_new_tokens']} new tokens, pairs in "
-                     f"ABBA order); load average {load} on {r['cores']} cores during the run. "
-                     f"All rounds in `benchmarks/results/server_throughput/`."}
+                     f"ABBA order), on {model}; load average {load} on {r['cores']} cores during "
+                     f"the run. All rounds in `benchmarks/results/server_throughput/`."}
 
 
 def main(argv: list[str] | None = None) -> None:
