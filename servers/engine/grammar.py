@@ -15,7 +15,7 @@ and the logit bias (``SamplingBatchInfo.apply_logits_bias`` in SGLang's ``ModelR
 and the sampler takes ``log_softmax(logits / T)`` of those masked logits, so the log-prob
 reported for a constrained token is in the grammar-restricted distribution (renormalised over
 the allowed tokens). The trainer recomputes over the full vocabulary: masks are not replayed
-(docs/structured_outputs.md).
+(docs/servers.md, structured outputs).
 
 The compiler is built once per server, on the first constrained request (building the
 tokenizer table takes a moment), and caches compiled grammars, so the same schema compiles
