@@ -397,6 +397,14 @@ def write_page(a: argparse.Namespace, results: list[dict[str, Any]], machine: di
         i = next((k + 1 for k, r in enumerate(results) if r["name"] == "staleness_ablation"),
                  len(results))
         results = [*results[:i], *abl_entries, *results[i:]]
+    if a.quick and "server_throughput" in names:  # the kept mixed-constrained runs, one per model
+        from benchmarks.micro.server_throughput import page_entry as mixed_entry
+
+        kept = sorted(results_dir("server_throughput").glob("mixed_constrained_*.json"))
+        i = next((k + 1 for k, r in enumerate(results) if r["name"] == "server_throughput"),
+                 len(results))
+        results = [*results[:i], *(mixed_entry(json.loads(p.read_text())) for p in kept),
+                   *results[i:]]
     trl_full = results_dir("vs_trl") / "vs_trl.json"
     if a.quick and "vs_trl" in names and trl_full.is_file():
         from benchmarks.studies.vs_trl import page_entry

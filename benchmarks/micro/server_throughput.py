@@ -11,15 +11,18 @@ side in one run, each with one torch compute thread:
      longest request; only each request's own tokens count).
 Prints tokens/s for each and the ratios server/one-at-a-time and server/static-batch.
 
-    python -m benchmarks.micro.server_throughput --mixed-constrained [--quick]
+    python -m benchmarks.micro.server_throughput --mixed-constrained [--quick] [--rounds PAIRS]
 
-Structured outputs in a batch: the same N requests twice, in alternating rounds on one server:
-all unconstrained, and with every other request constrained by a regex (``[a-z ]{400}``, so it
-runs to its ``max_new_tokens`` with a grammar mask every step). Prints the throughput of the
-requests that are unconstrained in both (their tokens / the time until the last of them is
-done), the median of the per-round ratios mixed / all-unconstrained (target >= 0.95), and the
-server's CPU seconds per round, mixed / all-unconstrained (the grammar work's cost, free of the
-wall-clock swings of a shared machine).
+Structured outputs in a batch: the same N requests in paired rounds on one server, all
+unconstrained and with every other request constrained by a regex (``[a-z ]{8192}``: a grammar
+mask every step, and it never ends a row early), each round one batched ``/generate`` call (all
+requests enter the engine together, so both kinds of round run the same batches), the pairs in
+ABBA order. Two figures side by
+side, for the requests that are unconstrained in both: their throughput (their tokens / the
+longest of their server-side latencies), mixed / all-unconstrained, as the median of the pairs' ratios;
+and their tokens per server CPU second, mixed / all-unconstrained (median of pairs): the
+grammar work's cost without the time the server waits for a core on a shared machine. Both
+targets >= 0.95; the run is kept in ``benchmarks/results/server_throughput/``.
 
 The real-model job's own requests instead of random ones (docs/real_model.md): ``--rows`` its
 held-out or train JSONL, rendered as the job's workflow renders them
@@ -34,11 +37,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import random
 import statistics
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 from benchmarks.harness.server_process import Server
 
@@ -106,41 +112,62 @@ def bench_static_batch(model, reqs, pad_id: int) -> tuple[float, int]:
     return time.perf_counter() - t0, sum(m for _, m in reqs)
 
 
-MIX_REGEX = "[a-z ]{400}"
+# Never complete within a request: a token holds at most a few dozen letters, so the grammar
+# cannot end (and end its row early) before max_new_tokens; both rounds produce the same tokens.
+MIX_REGEX = "[a-z ]{8192}"
 
 
-async def _timed(session, addr: str, prompt: list[int], new: int, regex: str | None,
-                 t0: float) -> tuple[int, float]:
-    sp = {"max_new_tokens": new, "temperature": 1.0, "ignore_eos": True}
-    if regex:
-        sp["regex"] = regex
-    async with session.post(f"http://{addr}/generate",
-                            json={"input_ids": prompt, "sampling_params": sp}) as r:
-        out = await r.json()
-        return out["meta_info"]["completion_tokens"], time.perf_counter() - t0
+async def _mixed_round(addr: str, reqs, constrain_odd: bool) -> tuple[int, float, int]:
+    """(tokens, seconds) of the even requests, with the odd ones constrained or not, and the
+    tokens of all requests (the same in both kinds of round: the grammar never ends a row).
 
-
-async def _mixed_round(addr: str, reqs, constrain_odd: bool) -> tuple[int, float]:
-    """(tokens, seconds) of the even requests, with the odd ones constrained or not."""
+    All requests go in one batched ``/generate`` call, so they enter the engine together and
+    every round runs the same batches (one prefill of all, then decode steps whose batch
+    shrinks as requests reach their lengths) whatever the load does to separate requests'
+    arrival. The seconds are the even requests' longest ``e2e_latency`` (the server's own
+    clock, from the call's arrival: grammar set-up included)."""
     import aiohttp
 
+    sps = []
+    for i, (_, m) in enumerate(reqs):
+        sp = {"max_new_tokens": m, "temperature": 1.0, "ignore_eos": True}
+        if constrain_odd and i % 2:
+            sp["regex"] = MIX_REGEX
+        sps.append(sp)
+    body = {"input_ids": [p for p, _ in reqs], "sampling_params": sps}
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3600)) as s:
-        t0 = time.perf_counter()
-        done = await asyncio.gather(*(
-            _timed(s, addr, p, m, MIX_REGEX if constrain_odd and i % 2 else None, t0)
-            for i, (p, m) in enumerate(reqs)))
-    even = done[0::2]
-    return sum(t for t, _ in even), max(sec for _, sec in even)
+        async with s.post(f"http://{addr}/generate", json=body) as r:
+            outs = [o["meta_info"] for o in await r.json()]
+    even = outs[0::2]
+    return (sum(o["completion_tokens"] for o in even), max(o["e2e_latency"] for o in even),
+            sum(o["completion_tokens"] for o in outs))
 
 
-def mixed_constrained(model_path: str, vocab: int, args) -> None:
+def pair_summary(ratios: list[float]) -> dict[str, float]:
+    """Median and quartiles of per-pair ratios (the spread says how much the load moved)."""
+    q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+    return {"median": statistics.median(ratios), "q1": q[0], "q3": q[2],
+            "min": min(ratios), "max": max(ratios)}
+
+
+PLAIN, MIXED = "all unconstrained", "mixed"
+
+
+def mixed_constrained(model_path: str, vocab: int, args) -> dict:
+    """Paired rounds in ABBA order (plain-mixed, mixed-plain, ...) so that a drift in the
+    machine's load hits both kinds alike; two figures side by side: the unconstrained
+    requests' wall-clock throughput (median of the pairs' ratios) and their tokens per server
+    CPU second (the same tokens in both rounds, so the pair's CPU ratio is the grammar work's
+    cost, free of the time the server waits for a core on a shared machine)."""
     reqs = workload(args.n, vocab, args.seed, args.max_new_tokens)
+    load_start = os.getloadavg()[0]
     print(f"model={model_path} requests={len(reqs)} (every other one constrained in the mixed "
-          f"batch by {MIX_REGEX!r}) new_tokens total={sum(m for _, m in reqs)}", flush=True)
+          f"batch by {MIX_REGEX!r}) new_tokens total={sum(m for _, m in reqs)} pairs={args.rounds} "
+          f"(ABBA) cores={os.cpu_count()} load average at start={load_start:.2f}",
+          flush=True)
     import psutil
 
-    tps: dict[str, list[float]] = {"all unconstrained": [], "mixed": []}
-    cpu: dict[str, list[float]] = {"all unconstrained": [], "mixed": []}
+    rounds: list[dict] = []
     with Server(model_path) as server:
         proc = psutil.Process(server.proc.pid)
 
@@ -148,29 +175,86 @@ def mixed_constrained(model_path: str, vocab: int, args) -> None:
             t = proc.cpu_times()
             return t.user + t.system
 
-        asyncio.run(_mixed_round(server.addr, reqs[:4], True))  # warm-up, grammar compiled
-        for rnd in range(args.rounds):
-            for name, mixed in (("all unconstrained", False), ("mixed", True)):
+        for mixed in (True, False):  # warm-up, discarded: grammar compiled, buffers grown
+            asyncio.run(_mixed_round(server.addr, reqs, mixed))
+        for k in range(args.rounds):
+            for mixed in ((False, True) if k % 2 == 0 else (True, False)):
                 c0 = cpu_seconds()
-                toks, secs = asyncio.run(_mixed_round(server.addr, reqs, mixed))
-                cpu[name].append(cpu_seconds() - c0)
-                tps[name].append(toks / secs)
-                print(f"round {rnd}: {name:18s} unconstrained requests {toks / secs:9.1f} "
-                      f"tokens/s, server CPU {cpu[name][-1]:6.2f} s", flush=True)
-    # A shared machine's load swings from round to round: each round's pair (run back to back)
-    # gives one ratio, and the median of those ratios is the figure.
-    ratios = [m / a for a, m in zip(tps["all unconstrained"], tps["mixed"])]
-    for name, vals in tps.items():
+                toks, secs, total = asyncio.run(_mixed_round(server.addr, reqs, mixed))
+                r = {"pair": k, "kind": MIXED if mixed else PLAIN, "tokens": toks,
+                     "seconds": secs, "all_tokens": total, "cpu": cpu_seconds() - c0}
+                rounds.append(r)
+                print(f"pair {k}: {r['kind']:18s} unconstrained requests {toks / secs:9.1f} "
+                      f"tokens/s, server CPU {r['cpu']:6.2f} s, all tokens {total}", flush=True)
+    load_end = os.getloadavg()[0]
+    by = {(r["pair"], r["kind"]): r for r in rounds}
+    pairs = [(by[k, PLAIN], by[k, MIXED]) for k in range(args.rounds)]
+    wall = [(m["tokens"] / m["seconds"]) / (a["tokens"] / a["seconds"]) for a, m in pairs]
+    cpu = [(m["tokens"] / m["cpu"]) / (a["tokens"] / a["cpu"]) for a, m in pairs]
+    same = all(a["all_tokens"] == m["all_tokens"] for a, m in pairs)
+    ws, cs = pair_summary(wall), pair_summary(cpu)
+    for name in (PLAIN, MIXED):
+        vals = [r["tokens"] / r["seconds"] for r in rounds if r["kind"] == name]
         print(f"{name:18s} median {statistics.median(vals):9.1f} tokens/s (unconstrained requests)")
-    print(f"paired ratios mixed / all-unconstrained: {' '.join(f'{r:.3f}' for r in ratios)}")
-    print(f"ratio mixed / all-unconstrained (median of pairs): {statistics.median(ratios):.3f} "
-          "(target >= 0.95)")
-    # The server's CPU seconds for the same tokens: what the grammar work adds to a step,
-    # measured without the wall-clock swings other processes cause (one torch thread).
-    cpu_ratio = statistics.median(cpu["mixed"]) / statistics.median(cpu["all unconstrained"])
-    print(f"server CPU seconds per round, mixed / all-unconstrained (medians): {cpu_ratio:.3f} "
-          "(<= 1.05: the mixed batch's unconstrained throughput is within 5% when the server "
-          "has its cores)")
+    print(f"same tokens in both kinds of round: {same}; load average at end={load_end:.2f} on "
+          f"{os.cpu_count()} cores (a loaded machine swings the wall clock)")
+    headlines = [
+        f"paired wall ratios mixed / all-unconstrained: {' '.join(f'{r:.3f}' for r in wall)}",
+        f"paired CPU ratios  mixed / all-unconstrained: {' '.join(f'{r:.3f}' for r in cpu)}",
+        f"unconstrained throughput mixed / all-unconstrained by wall clock (median of "
+        f"{len(wall)} pairs, quartiles {ws['q1']:.3f}-{ws['q3']:.3f}): {ws['median']:.3f} "
+        "(target >= 0.95)",
+        f"unconstrained tokens per server CPU second mixed / all-unconstrained (median of "
+        f"{len(cpu)} pairs, quartiles {cs['q1']:.3f}-{cs['q3']:.3f}): {cs['median']:.3f} "
+        "(target >= 0.95)"]
+    print("\n".join(headlines))
+    return {"model": model_path, "vocab": vocab, "regex": MIX_REGEX, "requests": len(reqs),
+            "max_new_tokens": args.max_new_tokens, "pairs": args.rounds, "order": "ABBA",
+            "cores": os.cpu_count(), "load_average_start_end": [load_start, load_end],
+            "same_tokens": same, "wall_ratio": ws, "cpu_ratio": cs, "wall_ratios": wall,
+            "cpu_ratios": cpu, "headlines": headlines, "rounds": rounds}
+
+
+def write_result(run: dict, path: str | None, model_path: str | None) -> Path:
+    """Keep a mixed-constrained run in ``benchmarks/results/server_throughput/`` (one file per
+    model: the tiny one or the ``--model-path`` folder's name)."""
+    from benchmarks.harness.paths import results_dir
+    from benchmarks.harness.report import machine_info
+
+    tag = model_tag(model_path)
+    out = Path(path) if path else results_dir("server_throughput") / f"mixed_constrained_{tag}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    run = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+           "command": "python -m benchmarks.micro.server_throughput " + " ".join(sys.argv[1:]),
+           "machine": machine_info(), **run}
+    out.write_text(json.dumps(run, indent=1))
+    print(f"results: {out}")
+    return out
+
+
+def model_tag(model_path: str | None) -> str:
+    return "tiny" if model_path is None else Path(model_path).name
+
+
+def page_entry(r: dict) -> dict:
+    """A kept mixed-constrained run as a row group of docs/benchmarks.md (benchmarks.harness
+    .run_all adds one per ``mixed_constrained_*.json``)."""
+    from benchmarks.harness.report import parse_figures
+
+    load = "-".join(f"{x:.1f}" for x in r["load_average_start_end"])
+    model = (f"the tiny test model (vocabulary {r['vocab']})" if r["model_tag"] == "tiny" else
+             f"the `--model-path` model `{r['model_tag']}` (vocabulary {r['vocab']}; SmolLM2-135M-"
+             "Instruct is `arealite.demo.smollm2.import_smollm2(DIR)`)")
+    return {"name": f"server_throughput, mixed constrained ({r['model_tag']}, {r['pairs']} pairs, "
+                    f"ran {r['date'][:10]})",
+            "command": r["command"], "status": f"ran {r['date']}", "seconds": None,
+            "figures": [f.as_dict() for f in parse_figures("server_throughput", "\n".join(r["headlines"]))],
+            "notes": r["headlines"],
+            "about": f"Unconstrained requests' throughput with every other request of the batch "
+                     f"regex-constrained, against the same requests all unconstrained "
+                     f"({r['requests']} requests, up to {r['max_new_tokens']} new tokens, pairs in "
+                     f"ABBA order), on {model}; load average {load} on {r['cores']} cores during "
+                     f"the run. All rounds in `benchmarks/results/server_throughput/`."}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -179,10 +263,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--n", type=int, default=64)
     p.add_argument("--max-new-tokens", type=int, default=400)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=3, help="rounds (with --mixed-constrained: pairs)")
     p.add_argument("--quick", action="store_true", help="32 requests, shorter tail, two rounds")
     p.add_argument("--mixed-constrained", action="store_true",
                    help="unconstrained throughput with and without regex-constrained neighbours")
+    p.add_argument("--out", default=None, help="with --mixed-constrained: results file (default: "
+                   "benchmarks/results/server_throughput/mixed_constrained_<model>.json)")
     p.add_argument("--rows", default=None, help="the job's rows (JSONL): its prompts, not random ones")
     p.add_argument("--group", type=int, default=8, help="with --rows: requests per prompt")
     args = p.parse_args(argv)
@@ -201,7 +287,8 @@ def main(argv: list[str] | None = None) -> None:
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
     vocab = model.config.vocab_size
     if args.mixed_constrained:
-        mixed_constrained(model_path, vocab, args)
+        run = {"model_tag": model_tag(args.model_path), **mixed_constrained(model_path, vocab, args)}
+        write_result(run, args.out, args.model_path)
         return
     pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
     if args.rows:

@@ -84,7 +84,7 @@ class Engine:
         self._recent: deque[tuple[float, int]] = deque(maxlen=256)  # (time, tokens) per step
         self.ttft_hist = LatencyHistogram(TTFT_BUCKETS)  # /metrics; one observe per request
         self.e2e_hist = LatencyHistogram(E2E_BUCKETS)
-        # constrained rows: their grammar work overlaps the next forward (grammar.GrammarStep)
+        # constrained rows' masks and matchers (grammar.GrammarStep)
         self._grammar = GrammarStep()
         self._batch_key: tuple = ()
         self._batch: BatchSampling | None = None
@@ -106,7 +106,6 @@ class Engine:
         self._stop = True
         self._cmds.put(lambda: None)
         self._thread.join(timeout=10)
-        self._grammar.shutdown()
 
     def call(self, fn: Callable[[], Any]) -> cf.Future:
         """Run ``fn()`` in the engine thread between steps; returns a future of its result."""

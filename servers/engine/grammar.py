@@ -2,20 +2,20 @@
 default grammar backend).
 
 A constrained sequence carries a ``Constraint`` (one xgrammar matcher). Each engine step, the
-rows that carry one get their grammar's mask added to their logits (every token outside it is
+rows that carry one get their grammar's bitmask applied to their logits (every token outside it
 -inf) before sampling; rows without a constraint are not touched and no work is done when no
-row has one. Feeding the sampled token to the matcher and building the next mask run in a
-worker thread during the next forward (SGLang overlaps its grammar work with the forward too);
-the step waits for it before sampling. ``GrammarStep`` is that per-step work, the engine's
-only grammar call sites. A sampled stop token ends the grammar and the sequence
-(the mask allows one only where the grammar may end), as SGLang's ``Req.check_finished``.
+row has one. ``GrammarStep`` is that per-step work, the engine's only grammar call sites: as in
+SGLang, one bitmask buffer for the batch, filled row by row by the matchers and applied by
+xgrammar's kernel, and the sampled tokens fed to the matchers after sampling. A sampled stop
+token ends the grammar and the sequence (the mask allows one only where the grammar may end),
+as SGLang's ``Req.check_finished``.
 
 Logprob convention (SGLang's): the mask is applied to the logits in place with the penalties
 and the logit bias (``SamplingBatchInfo.apply_logits_bias`` in SGLang's ``ModelRunner.sample``)
 and the sampler takes ``log_softmax(logits / T)`` of those masked logits, so the log-prob
 reported for a constrained token is in the grammar-restricted distribution (renormalised over
 the allowed tokens). The trainer recomputes over the full vocabulary: masks are not replayed
-(docs/structured_outputs.md).
+(docs/servers.md, structured outputs).
 
 The compiler is built once per server, on the first constrained request (building the
 tokenizer table takes a moment), and caches compiled grammars, so the same schema compiles
@@ -24,7 +24,6 @@ once.
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import json
 import threading
 from typing import Any
@@ -35,11 +34,8 @@ from servers.protocol.request import ANY_JSON, GrammarSpec
 
 
 class Constraint:
-    """One sequence's grammar state (an xgrammar ``GrammarMatcher``).
-
-    The engine thread reads ``ended`` / ``rejected`` and takes ``next_mask``; between two steps
-    a worker thread runs ``advance`` (feed the sampled token, build the next mask) while the
-    next forward runs, so only the mask's addition to the logits stays in the step."""
+    """One sequence's grammar state (an xgrammar ``GrammarMatcher``); the engine thread reads
+    ``ended`` / ``rejected`` and ``GrammarStep`` drives the matcher."""
 
     def __init__(self, compiled: Any) -> None:
         import xgrammar as xgr
@@ -49,97 +45,90 @@ class Constraint:
         self.stop_ids = frozenset(int(t) for t in self.matcher.stop_token_ids)
         self.ended = False  # a stop token was sampled: the grammar is complete (SGLang: terminated)
         self.rejected = False  # the matcher refused a sampled token (every allowed one was banned)
-        self._next: torch.Tensor | None = None  # additive mask (0 / -inf) for the next token
-
-    def accept(self, token: int) -> bool:
-        return bool(self.matcher.accept_token(int(token)))
-
-    def sampled(self, token: int) -> bool:
-        """Record a sampled token in the engine thread; True when it must go to ``advance``.
-        The mask allows a stop token only where the grammar may end, so sampling one ends it."""
-        if int(token) in self.stop_ids:
-            self.ended = True
-            return False
-        return True
-
-    def advance(self, token: int) -> None:
-        """Feed ``token`` to the matcher and build the next mask (worker thread)."""
-        if not self.accept(token):
-            self.rejected = True
-        elif not self.matcher.is_terminated():
-            self._next = self._mask()
-
-    def next_mask(self) -> torch.Tensor:
-        """The additive mask for the next token (built now when no ``advance`` prepared it)."""
-        mask, self._next = self._next, None
-        return mask if mask is not None else self._mask()
-
-    def _mask(self) -> torch.Tensor:
-        import xgrammar as xgr
-
-        bits = xgr.allocate_token_bitmask(1, self.vocab_size)
-        self.matcher.fill_next_token_bitmask(bits, 0)
-        add = torch.zeros(1, self.vocab_size)
-        xgr.apply_token_bitmask_inplace(add, bits)
-        return add[0]
-
-
-def advance_all(jobs: list[tuple[Constraint, int]]) -> None:
-    for c, tok in jobs:
-        c.advance(tok)
 
 
 class GrammarStep:
-    """An engine's per-step grammar work: ``mask`` before sampling (wait for the worker, add
-    the masks of the rows with a live grammar), ``sampled`` after it (end grammars on a sampled
-    stop token, hand the other constrained tokens to the worker, which feeds the matchers and
-    builds the next masks while the next forward runs). Rows are objects with ``.grammar``
-    (a ``Constraint`` or None) and ``.finished``. Used by the engine thread only."""
+    """An engine's per-step grammar work, SGLang's scheme on one thread: ``mask`` before
+    sampling fills the bitmask rows of the rows with a live grammar (one batched xgrammar call
+    into a buffer kept across steps) and applies them to those rows only, in place (xgrammar's
+    kernel); ``sampled`` after it feeds each constrained row's token to its matcher, ends a
+    grammar on a sampled stop token and reports the rows whose token the matcher refused. Rows
+    are objects with ``.grammar`` (a ``Constraint`` or None) and ``.finished``. Unconstrained
+    rows are never touched, and a batch without a live grammar does no work.
+
+    Why no worker thread (SGLang fills the next batch's masks while the GPU runs the forward):
+    on CPU the forward holds the cores, and accept + fill cost ~1-2 us per row, less than
+    handing them to a thread (benchmarks/micro/server_throughput --mixed-constrained)."""
 
     def __init__(self) -> None:
-        self._pool = cf.ThreadPoolExecutor(1, thread_name_prefix="grammar")
-        self._job: cf.Future | None = None
-
-    def shutdown(self) -> None:
-        self._pool.shutdown(wait=False)
+        self._bits: torch.Tensor | None = None  # int32 [rows, ceil(vocab / 32)], reused
+        self._backend = ""  # xgrammar's apply kernel for the logits' device, chosen on first use
+        self._filler: Any = None  # xgrammar's BatchGrammarMatcher, built on first use
 
     def mask(self, logits: torch.Tensor, seqs: list[Any]) -> None:
-        """Set every token a live grammar forbids to -inf in its row, in place."""
-        if self._job is not None:
-            self._job.result()  # the last step's matchers are fed and masks built
-            self._job = None
+        """Set every token a live grammar forbids to -inf in its row, in place; other rows and
+        the logits' columns past the grammar's vocabulary (padding) stay as they are."""
         rows = [
             i
             for i, s in enumerate(seqs)
-            if s.grammar is not None and not s.grammar.ended and not s.grammar.rejected
+            if s.grammar is not None and not (s.grammar.ended or s.grammar.rejected)
         ]
-        if rows:
-            apply_constraints(logits, rows, [seqs[i].grammar for i in rows])
+        if not rows:
+            return
+        import xgrammar as xgr
+
+        vocab = seqs[rows[0]].grammar.vocab_size
+        bits = self._buffer(len(seqs), vocab)
+        if self._filler is None:  # one fill thread: a row's fill is ~1-3 us (the engine's core)
+            self._filler = xgr.BatchGrammarMatcher(1)
+        self._filler.batch_fill_next_token_bitmask(
+            [seqs[i].grammar.matcher for i in rows], bits, rows
+        )
+        if logits.device.type != "cpu":
+            bits = bits.to(logits.device, non_blocking=True)
+        xgr.apply_token_bitmask_inplace(
+            logits,
+            bits,
+            vocab_size=min(vocab, logits.shape[-1]),
+            indices=rows,
+            backend=self._kernel(logits),
+        )
 
     def sampled(self, seqs: list[Any], tokens: list[int]) -> list[Any]:
-        """Record each constrained row's sampled token; returns the rows whose previous token
-        the matcher refused (they end with an error)."""
-        jobs, rejected = [], []
+        """Feed each constrained row's sampled token to its matcher; returns the rows whose
+        token the matcher refused (they end with an error, before the token is kept). One
+        ``accept_token`` per row: xgrammar's batch accept costs more here (its result list is
+        read element by element through the FFI)."""
+        rejected = []
         for s, tok in zip(seqs, tokens):
             g = s.grammar
-            if g is None or g.ended or s.finished:
+            if g is None or g.ended or g.rejected or s.finished:
                 continue
-            if g.rejected:  # only when every allowed token was banned (min_new_tokens)
+            if tok in g.stop_ids:  # the mask allows a stop token only where the grammar may end
+                g.ended = True
+            elif not g.matcher.accept_token(tok):  # only when every allowed token was banned
+                g.rejected = True  # (min_new_tokens)
                 rejected.append(s)
-            elif g.sampled(tok):
-                jobs.append((g, tok))
-        if jobs:
-            self._job = self._pool.submit(advance_all, jobs)
         return rejected
 
+    def _buffer(self, rows: int, vocab: int) -> torch.Tensor:
+        """The bitmask buffer, grown (never shrunk) to ``rows``; a row is rewritten before use."""
+        import xgrammar as xgr
 
-def apply_constraints(logits: torch.Tensor, rows: list[int], constraints: list[Constraint]) -> None:
-    """Set every token a row's grammar forbids to -inf, in place, for the listed rows (the
-    masks' columns past the grammar's vocabulary, padding of the logits, stay as they are)."""
-    add = torch.stack([c.next_mask() for c in constraints]).to(logits.device, logits.dtype)
-    idx = torch.tensor(rows, device=logits.device)
-    width = min(add.shape[-1], logits.shape[-1])
-    logits[idx, :width] += add[:, :width]
+        width = xgr.get_bitmask_shape(1, vocab)[1]
+        cap = 0 if self._bits is None else self._bits.shape[0]
+        if cap < rows or self._bits.shape[1] != width:
+            self._bits = xgr.allocate_token_bitmask(max(rows, 2 * cap), vocab)
+        return self._bits
+
+    def _kernel(self, logits: torch.Tensor) -> str:
+        if not self._backend:
+            import importlib.util
+
+            cpu = logits.device.type == "cpu"
+            gpu = logits.device.type == "cuda" and importlib.util.find_spec("triton") is not None
+            self._backend = "cpu" if cpu else ("auto" if gpu else "torch_native")
+        return self._backend
 
 
 def tool_call_pieces(tools: list[dict[str, Any]]) -> list[tuple[str, str]]:
