@@ -30,6 +30,9 @@ Definitions (N = number of trainer steps, i = one step, all times in seconds):
   batch: the pipeline fill, ``first_wait_s``).
 - ``final_reward``: held-out greedy accuracy (``eval/accuracy``) after the last step;
   ``train_reward_last``: mean training reward over the last 10% of steps.
+- ``length_ratio``: the whole run's trained / generated mean length
+  (``length_bias/run_mean_ratio`` of the last step that has it, ``arealite.observe.length_bias``;
+  None in metrics without it).
 """
 
 from __future__ import annotations
@@ -128,6 +131,9 @@ def summarize(records: list[Record]) -> dict[str, Any]:
         # PPO diagnostics for the staleness ablation: tokens clipped, behaviour-policy KL
         "clip_ratio": _mean_of(steps, "clip_ratio"),
         "behave_kl": _mean_of(steps, "behave_kl_vs_current"),
+        # cumulative, so the last step's value covers the run
+        "length_ratio": next((float(r["length_bias/run_mean_ratio"]) for r in reversed(steps)
+                              if isinstance(r.get("length_bias/run_mean_ratio"), (int, float))), None),
     }
 
 

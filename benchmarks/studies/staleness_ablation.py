@@ -32,7 +32,7 @@ overrides are part of the settings ``--resume`` compares.
 
 Prints the final held-out reward of every run, each configuration's mean and standard error
 over seeds, and the paired (same seed) difference to sync; writes
-``benchmarks/results/staleness_ablation/staleness_ablation[_quick][_lrLR].json``. ``--resume`` keeps the runs that file
+``benchmarks/results/staleness_ablation/staleness_ablation[_quick][_lrLR][_mbM][_<arms>].json``. ``--resume`` keeps the runs that file
 already holds for the same settings and launches only the missing ones, so seeds can be added
 (``--seeds 1,2,3,4,5 --resume``) without repeating the first three; the file is rewritten after
 every finished run (marked ``partial`` until the summary), so an interrupted ablation resumes too.
@@ -56,6 +56,7 @@ from benchmarks.harness.warm_start import ensure_model
 
 # configuration -> (the async_vs_sync run it builds on, its label)
 CONFIGS = {"sync": "sync", "decoupled": "async-eta4", "naive": "async-eta4-naive"}
+DEFAULT_MINIBATCHES = 4  # AReaL's recipes; configs/toy_grpo.yaml (the main job) has 1
 TARGET_DECOUPLED = 0.95  # final reward of the decoupled loss at eta, relative to sync
 
 
@@ -71,7 +72,7 @@ def run_figures(metrics: Path) -> dict[str, Any]:
 
     s = summarize(read_metrics(metrics))
     return {k: s[k] for k in ("final_reward", "initial_reward", "eval_n", "train_reward_last",
-                              "clip_ratio", "behave_kl", "staleness_hist", "wall_s")}
+                              "clip_ratio", "behave_kl", "staleness_hist", "wall_s", "length_ratio")}
 
 
 def results_path(a: argparse.Namespace, tag: str) -> Path:
@@ -85,6 +86,15 @@ SETTINGS = ("steps", "eta", "ppo_minibatches", "eval_prompts", "lr", "variants")
 def arms(a: argparse.Namespace) -> list[str]:
     """The arms of these runs, sync first (the namespace of an older caller has the three)."""
     return list(getattr(a, "arms", None) or CONFIGS)
+
+
+def results_tag(a: argparse.Namespace) -> str:
+    """The results file's suffix: a learning rate other than the main job's, a minibatch count
+    other than the default, or other arms than the default three each get their own file (and
+    page entry); in a shared file ``--resume`` would start the other settings' runs afresh."""
+    return (("_quick" if a.quick else "") + (f"_lr{a.lr:g}" if a.lr else "")
+            + (f"_mb{a.ppo_minibatches}" if a.ppo_minibatches != DEFAULT_MINIBATCHES else "")
+            + ("" if arms(a) == list(CONFIGS) else "_" + "-".join(arms(a))))
 
 
 def parse_variant(text: str) -> tuple[str, list[str]]:
@@ -205,6 +215,16 @@ def report(a: argparse.Namespace, runs: dict[str, dict[int, dict[str, Any]]], ta
         f"{c} {v['mean']:.3f} ± {v['se']:.3f}" for c, v in train.items())
         + ("" if tverdict == "not run" else
            f"; decoupled - naive: {tgap:+.3f} ± {tgap_se:.3f} (AReaL's finding {tverdict})"))
+    # whether the staleness gate trained shorter answers than were generated (issue #35's band
+    # [0.97, 1.03]); runs recorded before the figure existed have none
+    for cfg in arms_:
+        ratios = [r for s in seeds if (r := runs[cfg][s].get("length_ratio")) is not None]
+        summary[cfg]["length_ratio"] = statistics.fmean(ratios) if len(ratios) == len(seeds) else None
+    if all(summary[c]["length_ratio"] is not None for c in arms_):
+        print("trained / generated mean length, whole run (mean over seeds): " + ", ".join(
+            f"{c} {summary[c]['length_ratio']:.3f} (seeds "
+            f"{min(runs[c][s]['length_ratio'] for s in seeds):.3f}-"
+            f"{max(runs[c][s]['length_ratio'] for s in seeds):.3f})" for c in arms_))
     result = {
         "benchmark": "staleness_ablation", "quick": a.quick, "date": time.strftime("%Y-%m-%d %H:%M"),
         "machine": machine_info(),
@@ -241,7 +261,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=None, help="trainer steps per run (default 200)")
     ap.add_argument("--seeds", default=None, help="comma-separated seeds (default 1,2,3; quick 1)")
     ap.add_argument("--eta", type=int, default=4, help="max_head_offpolicyness of the async runs")
-    ap.add_argument("--ppo-minibatches", type=int, default=4, help="optimizer steps per trainer step")
+    ap.add_argument("--ppo-minibatches", type=int, default=DEFAULT_MINIBATCHES,
+                    help="optimizer steps per trainer step (the main job runs 1)")
     ap.add_argument("--lr", type=float, default=None, help="learning rate (default: the main job's)")
     ap.add_argument("--eval-prompts", type=int, default=None, help="held-out prompts (default all)")
     ap.add_argument("--variant", action="append", default=[],
@@ -281,9 +302,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     a.fileroot = str(Path(a.fileroot).resolve())
-    # a learning rate other than the main job's gets its own results file (and page entry)
-    tag = (("_quick" if a.quick else "") + (f"_lr{a.lr:g}" if a.lr else "")
-           + ("" if a.arms == list(CONFIGS) else "_" + "-".join(a.arms)))
+    tag = results_tag(a)
     experiment = "bench-staleness-ablation" + tag.replace("_", "-")
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     model, data = ensure_model(Path(a.fileroot))

@@ -190,3 +190,30 @@ def test_one_seed_variant_file_gives_no_page_figure(tmp_path):
                                        str(tmp_path), "--variant", "capped:actor.behav_imp_weight_cap=2"])
     res = staleness_ablation.report(a, _runs({"sync": [0.9], "capped": [0.1]}), "_sync-capped")
     assert run_all.ablation_full_entry(res)["figures"] == []
+
+
+def test_each_minibatch_count_gets_its_own_results_file(tmp_path):
+    def tag(*argv: str) -> str:
+        return staleness_ablation.results_tag(staleness_ablation.parse_args([*argv]))
+
+    assert tag() == ""  # the default: 4 minibatches, the three arms
+    assert tag("--ppo-minibatches", "4", "--lr", "1e-4") == "_lr0.0001"
+    # the main job's single minibatch never shares (or, on --resume, restarts) a 4-minibatch file
+    assert tag("--ppo-minibatches", "1", "--arms", "decoupled") == "_mb1_sync-decoupled"
+    assert tag("--ppo-minibatches", "1", "--quick") == "_quick_mb1"
+
+
+def test_length_ratio_reported_only_when_every_run_has_it(tmp_path, capsys):
+    runs = _runs({"sync": [0.80, 0.90], "decoupled": [0.78, 0.88]})
+    for cfg, vals in {"sync": [1.0, 1.0], "decoupled": [0.99, 1.01]}.items():
+        for seed, v in zip((1, 2), vals):
+            runs[cfg][seed]["length_ratio"] = v
+    a = staleness_ablation.parse_args(["--seeds", "1,2", "--arms", "decoupled", "--results-dir",
+                                       str(tmp_path)])
+    res = staleness_ablation.report(a, runs, "_sync-decoupled")
+    assert res["summary"]["decoupled"]["length_ratio"] == pytest.approx(1.0)
+    assert "decoupled 1.000 (seeds 0.990-1.010)" in capsys.readouterr().out
+    del runs["decoupled"][2]["length_ratio"]  # a run recorded before the figure existed
+    res = staleness_ablation.report(a, runs, "_sync-decoupled")
+    assert res["summary"]["decoupled"]["length_ratio"] is None
+    assert "trained / generated" not in capsys.readouterr().out
