@@ -183,15 +183,15 @@ def ablation_full_entry(r: dict[str, Any]) -> dict[str, Any] | None:
             naive += (f"; on the training reward of the last 10% of steps (less noisy) decoupled - "
                       f"naive {tg:+.3f} ± {tse:.3f} ({r.get('verdict_train')})")
         parts.append(naive)
-    about = ". ".join(parts)
     summ = r.get("summary") or {}
     if {"sync", "decoupled"} <= set(summ) and summ["sync"].get("behave_kl"):
         # how far the data lag behind: the larger the step per version, the more eta costs
-        about += (f". Behaviour KL (sampling policy to the policy being updated) averages "
-                  f"{summ['decoupled']['behave_kl']:.3f} in the decoupled runs against "
-                  f"{summ['sync']['behave_kl']:.4f} in sync: how far {eta} versions of lag "
-                  f"are in policy space at this learning rate")
-    about += ". Per-seed figures below; all of them in `benchmarks/results/staleness_ablation/`."
+        parts.append(f"Behaviour KL (sampling policy to the policy being updated) averages "
+                     f"{summ['decoupled']['behave_kl']:.3f} in the decoupled runs against "
+                     f"{summ['sync']['behave_kl']:.4f} in sync: how far {eta} versions of lag "
+                     f"are in policy space at this learning rate")
+    parts.append("Per-seed figures below; all of them in `benchmarks/results/staleness_ablation/`.")
+    about = ". ".join(parts)
     notes = [f"{c}: final held-out reward per seed "
              + " ".join(f"{v:.3f}" for v in x.get("finals", []))
              + f"; mean {x['mean']:.3f} ± {x['se']:.3f}; clip ratio {x.get('clip_ratio', 0):.3f}; "

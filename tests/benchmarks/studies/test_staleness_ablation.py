@@ -217,3 +217,14 @@ def test_length_ratio_reported_only_when_every_run_has_it(tmp_path, capsys):
     res = staleness_ablation.report(a, runs, "_sync-decoupled")
     assert res["summary"]["decoupled"]["length_ratio"] is None
     assert "trained / generated" not in capsys.readouterr().out
+
+
+def test_results_page_entry_of_a_sync_decoupled_file(tmp_path):
+    a = staleness_ablation.parse_args(["--seeds", "1,2", "--arms", "decoupled", "--ppo-minibatches",
+                                       "1", "--results-dir", str(tmp_path)])
+    res = staleness_ablation.report(a, _runs({"sync": [0.80, 0.90], "decoupled": [0.82, 0.88]}),
+                                    "_mb1_sync-decoupled")
+    entry = run_all.ablation_full_entry(res)
+    assert "1 minibatches" in entry["name"] and entry["figures"][0]["met"] is True
+    # no naive arm and no variant: the text starts with the behaviour KL sentence
+    assert entry["about"].startswith("Behaviour KL") and "Naive PPO" not in entry["about"]
