@@ -32,7 +32,7 @@ overrides are part of the settings ``--resume`` compares.
 
 Prints the final held-out reward of every run, each configuration's mean and standard error
 over seeds, and the paired (same seed) difference to sync; writes
-``benchmarks/results/staleness_ablation/staleness_ablation[_quick][_lrLR][_mbM][_<arms>].json``. ``--resume`` keeps the runs that file
+``benchmarks/results/staleness_ablation/staleness_ablation[_quick][_lrLR][_etaE][_mbM][_stepsN][_<arms>].json``. ``--resume`` keeps the runs that file
 already holds for the same settings and launches only the missing ones, so seeds can be added
 (``--seeds 1,2,3,4,5 --resume``) without repeating the first three; the file is rewritten after
 every finished run (marked ``partial`` until the summary), so an interrupted ablation resumes too.
@@ -57,6 +57,7 @@ from benchmarks.harness.warm_start import ensure_model
 # configuration -> (the async_vs_sync run it builds on, its label)
 CONFIGS = {"sync": "sync", "decoupled": "async-eta4", "naive": "async-eta4-naive"}
 DEFAULT_MINIBATCHES = 4  # AReaL's recipes; configs/toy_grpo.yaml (the main job) has 1
+DEFAULT_STEPS, QUICK_STEPS, DEFAULT_ETA = 200, 8, 4
 TARGET_DECOUPLED = 0.95  # final reward of the decoupled loss at eta, relative to sync
 
 
@@ -89,11 +90,14 @@ def arms(a: argparse.Namespace) -> list[str]:
 
 
 def results_tag(a: argparse.Namespace) -> str:
-    """The results file's suffix: a learning rate other than the main job's, a minibatch count
-    other than the default, or other arms than the default three each get their own file (and
-    page entry); in a shared file ``--resume`` would start the other settings' runs afresh."""
+    """The results file's suffix: a learning rate other than the main job's, an η, minibatch or
+    step count other than the default, or other arms than the default three each get their own file
+    (and page entry); in a shared file ``--resume`` would start the other settings' runs afresh."""
+    steps = QUICK_STEPS if a.quick else DEFAULT_STEPS
     return (("_quick" if a.quick else "") + (f"_lr{a.lr:g}" if a.lr else "")
+            + (f"_eta{a.eta}" if a.eta != DEFAULT_ETA else "")
             + (f"_mb{a.ppo_minibatches}" if a.ppo_minibatches != DEFAULT_MINIBATCHES else "")
+            + (f"_steps{a.steps}" if a.steps != steps else "")
             + ("" if arms(a) == list(CONFIGS) else "_" + "-".join(arms(a))))
 
 
@@ -260,7 +264,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="8 steps, one seed, 64 held-out prompts")
     ap.add_argument("--steps", type=int, default=None, help="trainer steps per run (default 200)")
     ap.add_argument("--seeds", default=None, help="comma-separated seeds (default 1,2,3; quick 1)")
-    ap.add_argument("--eta", type=int, default=4, help="max_head_offpolicyness of the async runs")
+    ap.add_argument("--eta", type=int, default=DEFAULT_ETA, help="max_head_offpolicyness of the async runs")
     ap.add_argument("--ppo-minibatches", type=int, default=DEFAULT_MINIBATCHES,
                     help="optimizer steps per trainer step (the main job runs 1)")
     ap.add_argument("--lr", type=float, default=None, help="learning rate (default: the main job's)")
@@ -279,7 +283,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--verbose", action="store_true", help="stream the runs' logs")
     a = ap.parse_args(argv)
     a.argv = list(sys.argv[1:] if argv is None else argv)
-    a.steps = a.steps or (8 if a.quick else 200)
+    a.steps = a.steps or (QUICK_STEPS if a.quick else DEFAULT_STEPS)
     a.seeds = [int(s) for s in (a.seeds or ("1" if a.quick else "1,2,3")).split(",") if s.strip()]
     if a.quick and a.eval_prompts is None:
         a.eval_prompts = 64

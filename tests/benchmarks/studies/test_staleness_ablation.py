@@ -192,7 +192,7 @@ def test_one_seed_variant_file_gives_no_page_figure(tmp_path):
     assert run_all.ablation_full_entry(res)["figures"] == []
 
 
-def test_each_minibatch_count_gets_its_own_results_file(tmp_path):
+def test_each_eta_minibatch_and_step_count_gets_its_own_results_file(tmp_path):
     def tag(*argv: str) -> str:
         return staleness_ablation.results_tag(staleness_ablation.parse_args([*argv]))
 
@@ -201,6 +201,11 @@ def test_each_minibatch_count_gets_its_own_results_file(tmp_path):
     # the main job's single minibatch never shares (or, on --resume, restarts) a 4-minibatch file
     assert tag("--ppo-minibatches", "1", "--arms", "decoupled") == "_mb1_sync-decoupled"
     assert tag("--ppo-minibatches", "1", "--quick") == "_quick_mb1"
+    # the main job's length (374 steps) beside the 200-step runs, not over them
+    assert tag("--ppo-minibatches", "1", "--steps", "374", "--arms", "decoupled") == \
+        "_mb1_steps374_sync-decoupled"
+    assert tag("--steps", "200") == "" and tag("--quick", "--steps", "8") == "_quick"
+    assert tag("--eta", "2", "--ppo-minibatches", "1") == "_eta2_mb1"
 
 
 def test_length_ratio_reported_only_when_every_run_has_it(tmp_path, capsys):
