@@ -10,18 +10,12 @@ import pytest
 
 from tests.support.built_once import built_once
 
+# long files first, and pytest-xdist keeping that order (tests/support/schedule.py)
+pytest_plugins = ["tests.support.schedule"]
+
 # Several processes share 2 cores: keep torch single-threaded in tests and their children.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Files holding a test marked ``long`` first, each file's tests kept together and in order:
-    ``make test``'s xdist workers take whole files in this order, so the minute-long jobs start
-    early instead of ending the run on one worker while the other has nothing left."""
-    long_files = {item.path for item in items if item.get_closest_marker("long")}
-    items.sort(key=lambda item: item.path not in long_files)  # stable: the rest keep their order
 
 
 @pytest.fixture(scope="session")

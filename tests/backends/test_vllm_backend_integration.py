@@ -35,6 +35,7 @@ from tests.support.procs import VLLMServers, vllm_available
 
 pytestmark = [
     pytest.mark.integration,
+    pytest.mark.long,  # a vLLM start and eight tests on it
     pytest.mark.skipif(not vllm_available(), reason="no .venv-vllm: run make setup-vllm"),
 ]
 

@@ -48,6 +48,7 @@ def test_walkthrough_lists_the_example_files():
 
 
 @pytest.mark.integration
+@pytest.mark.long
 def test_own_task_trains_from_a_folder_outside_the_repo(tmp_path):
     work = tmp_path / "my_task"
     shutil.copytree(EXAMPLE, work, ignore=shutil.ignore_patterns("model", "outputs", "__pycache__"))

@@ -59,6 +59,7 @@ def run_job(tmp_path, toy_assets, steps: int, *extra: str, prompts: int = 16,
 
 
 @pytest.mark.integration
+@pytest.mark.long
 def test_short_colocated_main_job(tmp_path, toy_assets):
     text, steps = run_job(tmp_path, toy_assets, STEPS)
     assert "launcher.colocate=true sets async_training=false, weight_update.type=tensor" in text

@@ -40,6 +40,7 @@ def kill_process_group(pid: int) -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.long
 @pytest.mark.parametrize("loaded", [False, True], ids=["quiet", "cpu-hog"])
 def test_training_survives_a_dead_server(tmp_path, tiny_model_dir, loaded):
     with cpu_hog(1) if loaded else contextlib.nullcontext():

@@ -20,6 +20,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration]
 pytest.importorskip("reasoning_gym")
 
 
+@pytest.mark.long
 @pytest.mark.timeout(900)  # a loaded 2-core machine: the server and the trainer each load 135M
 def test_one_grpo_step_on_reasoning_gym_pushes_weights_and_checkpoints(tmp_path, smollm2_dir):
     import torch

@@ -12,6 +12,7 @@ from tests.support.procs import log_tail, spawn
 
 
 @pytest.mark.integration
+@pytest.mark.long
 @pytest.mark.timeout(420)
 def test_async_vs_sync_tiniest(tmp_path, tiny_model_dir, toy_data_dir):
     results = tmp_path / "results"
