@@ -81,6 +81,10 @@ def _set_pdeathsig() -> None:
     _LIBC.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
 
 
+# ``Popen(preexec_fn=DIE_WITH_PARENT)``: None where prctl is not available (not Linux)
+DIE_WITH_PARENT = _set_pdeathsig if _LIBC is not None else None
+
+
 class ManagedProcess:
     """One started ``ProcSpec``; see the module docstring."""
 
@@ -101,7 +105,7 @@ class ManagedProcess:
         self.proc = subprocess.Popen(
             self.spec.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env=env, start_new_session=True,
-            preexec_fn=_set_pdeathsig if _LIBC is not None else None,
+            preexec_fn=DIE_WITH_PARENT,
         )
         self._reader = threading.Thread(target=self._pump, name=f"log-{self.name}", daemon=True)
         self._reader.start()

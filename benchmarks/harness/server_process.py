@@ -36,6 +36,7 @@ class Server:
     def __init__(self, model_path: str | None, *extra: str, module: str = "servers.launch_server",
                  log_level: str = "warning") -> None:
         """``python -m module`` on a free port; ``model_path`` None for a gateway."""
+        from arealite.launcher.supervisor import DIE_WITH_PARENT
         from servers.net import find_free_port
 
         self.port = find_free_port()
@@ -45,8 +46,9 @@ class Server:
                *extra]
         if model_path is not None:
             cmd += ["--model-path", model_path, "--num-threads", "1"]
+        # the server goes when this process does, also when a SIGTERM or SIGKILL skips __exit__
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=DIE_WITH_PARENT)
 
     def __enter__(self) -> Server:
         from servers.net import wait_healthy
