@@ -405,12 +405,14 @@ def write_page(a: argparse.Namespace, results: list[dict[str, Any]], machine: di
                  len(results))
         results = [*results[:i], *(mixed_entry(json.loads(p.read_text())) for p in kept),
                    *results[i:]]
-    trl_full = results_dir("vs_trl") / "vs_trl.json"
-    if a.quick and "vs_trl" in names and trl_full.is_file():
+    # the toy job's last full run, then the real model's (--job real; smoke runs are not kept)
+    trl_full = [p for p in (results_dir("vs_trl") / "vs_trl.json", *sorted(results_dir("vs_trl").glob("vs_trl_real*.json")))
+                if p.is_file() and not p.stem.endswith(("_smoke", "_quick"))]
+    if a.quick and "vs_trl" in names and trl_full:
         from benchmarks.studies.vs_trl import page_entry
 
         i = next((k + 1 for k, r in enumerate(results) if r["name"] == "vs_trl"), len(results))
-        results = [*results[:i], page_entry(json.loads(trl_full.read_text())), *results[i:]]
+        results = [*results[:i], *(page_entry(json.loads(p.read_text()), p.name) for p in trl_full), *results[i:]]
     prof = profile_section(full_r) if full_r else None
     if prof:
         sections.append(("Profile before tuning: what changed and by how much", prof))

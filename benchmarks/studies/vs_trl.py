@@ -235,11 +235,28 @@ def headlines(runs: dict[str, dict[str, Any]], target: float) -> list[str]:
     """The ratio lines (``... VALUE (target ...)``, read by ``benchmarks/harness/report.py``). With
     several seeds: each seed's lines (no target), then the means over seeds (the targets)."""
     seeds = sorted({split_key(k)[1] or 0 for k in runs})
+    by_seed = {seed: {split_key(k)[0]: v for k, v in runs.items() if (split_key(k)[1] or 0) == seed} for seed in seeds}
     if len(seeds) <= 1:
-        return seed_headlines(runs, target, targets=True)
-    by_seed = {seed: {split_key(k)[0]: v for k, v in runs.items() if split_key(k)[1] == seed} for seed in seeds}
+        return seed_headlines(runs, target, targets=True) + speedup_lines(by_seed)
     out = [f"seed {seed}: {line}" for seed in seeds for line in seed_headlines(by_seed[seed], target, targets=False)]
-    return out + mean_headlines(by_seed, target)
+    return out + mean_headlines(by_seed, target) + speedup_lines(by_seed)
+
+
+def speedup_lines(by_seed: dict[int, dict[str, dict[str, Any]]]) -> list[str]:
+    """arealite's own async speed-up: sync seconds per step / async seconds per step, per seed and
+    of the means, the figure AReaL reports (2.77x on GPUs, where generation dominates the step)."""
+    both = {seed: runs for seed, runs in by_seed.items()
+            if runs.get("async", {}).get("step_s") and runs.get("sync", {}).get("step_s")}
+    if not both:
+        return []
+    out = [("" if len(by_seed) == 1 else f"seed {seed}: ") + "arealite sync / async seconds per step (speed-up of "
+           f"async): {r['sync']['step_s'] / r['async']['step_s']:.2f}x (no target; AReaL reports 2.77x)"
+           for seed, r in sorted(both.items())]
+    if len(both) > 1:
+        ratio = sum(r["sync"]["step_s"] for r in both.values()) / sum(r["async"]["step_s"] for r in both.values())
+        out.append(f"arealite sync / async seconds per step (speed-up of async, mean over seeds "
+                   f"{','.join(map(str, sorted(both)))}): {ratio:.2f}x (no target; AReaL reports 2.77x)")
+    return out
 
 
 def seed_headlines(runs: dict[str, dict[str, Any]], target: float, targets: bool) -> list[str]:
@@ -307,18 +324,19 @@ def mean_headlines(by_seed: dict[int, dict[str, dict[str, Any]]], target: float)
     return out
 
 
-def page_entry(r: dict[str, Any]) -> dict[str, Any]:
-    """A saved full run (``benchmarks/results/vs_trl/vs_trl.json``) as a row group of the results page."""
+def page_entry(r: dict[str, Any], file: str = "vs_trl.json") -> dict[str, Any]:
+    """A saved full run (``benchmarks/results/vs_trl/<file>``) as a row group of the results page."""
     from benchmarks.harness.report import parse_figures
 
     a = r["args"]
-    return {"name": f"vs_trl, last full run ({a['seconds']:.0f} training s each, target {a['target']})",
+    job = ", SmolLM2 on reasoning-gym (--job real)" if a.get("job") == "real" else ""
+    return {"name": f"vs_trl{job}, last full run ({a['seconds']:.0f} training s each, target {a['target']})",
             "command": r["command"], "status": f"ran {r['date']}", "seconds": None,
             "figures": [f.as_dict() for f in parse_figures("vs_trl", "\n".join(r["headlines"]))],
             "notes": [*r["table"].splitlines(), *r["headlines"]],
             "about": f"{a['prompts']} prompts x {a['samples']} samples per step, max {a['max_new_tokens']} new "
                      f"tokens, lr {a['lr']}; TRL torch threads: {a['trl_threads']}. All figures in "
-                     "`benchmarks/results/vs_trl/vs_trl.json`."}
+                     f"`benchmarks/results/vs_trl/{file}`."}
 
 
 # --------------------------------------------------------------------------- runs

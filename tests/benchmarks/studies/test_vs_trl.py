@@ -165,6 +165,27 @@ def test_several_seeds_report_each_seed_and_the_means():
     assert "| arealite async (eta=2), seed 2 |" in vs_trl.table(runs, 0.8)
 
 
+def test_async_speedup_over_sync_per_seed_and_of_the_means():
+    def run(step_s):
+        return vs_trl.finish({"steps": 10, "train_s": 10 * step_s, "phases": {}, "curve": [(0.0, 0.3)]}, 0.8)
+
+    runs = {"trl-2t-s1": run(4.0), "async-s1": run(1.0), "sync-s1": run(1.5),
+            "trl-2t-s2": run(4.0), "async-s2": run(2.0), "sync-s2": run(2.5)}
+    lines = vs_trl.headlines(runs, 0.8)
+    assert "seed 1: arealite sync / async seconds per step (speed-up of async): 1.50x (no target; AReaL reports 2.77x)" in lines
+    assert "seed 2: arealite sync / async seconds per step (speed-up of async): 1.25x (no target; AReaL reports 2.77x)" in lines
+    assert lines[-1].endswith("mean over seeds 1,2): 1.33x (no target; AReaL reports 2.77x)")  # 4.0 / 3.0
+    one = vs_trl.headlines({"trl-2t": run(4.0), "async": run(1.0), "sync": run(1.2)}, 0.8)
+    assert one[-1] == "arealite sync / async seconds per step (speed-up of async): 1.20x (no target; AReaL reports 2.77x)"
+    assert not any("speed-up" in line for line in vs_trl.headlines({"trl-2t": run(4.0), "async": run(1.0)}, 0.8))
+    # the real job's saved run is named as such on the results page, with its own file
+    saved = {"command": "c", "date": "d", "args": {**vars(vs_trl.parse_args(["--job", "real", "--seconds", "450"]))},
+             "table": vs_trl.table(runs, 0.8), "headlines": lines}
+    e = vs_trl.page_entry(saved, "vs_trl_real_3seeds.json")
+    assert e["name"].startswith("vs_trl, SmolLM2 on reasoning-gym (--job real), last full run (450 training s each")
+    assert e["about"].endswith("`benchmarks/results/vs_trl/vs_trl_real_3seeds.json`.")
+
+
 def test_the_real_job_runs_its_config_sync_twin_and_grader(tmp_path):
     pytest.importorskip("reasoning_gym")
     from arealite.dataset.reasoning_gym import TaskSpec, build_rows
