@@ -65,13 +65,14 @@ def test_async_grpo_on_vllm_reward_rises(toy_assets, tmp_path):
     assert steps[0]["logprob_agreement/n_tokens"] > 100
     assert steps[0]["logprob_agreement/max_abs_diff"] < 1e-4
     # Learning: the sampled training reward rises (the criterion; 30 steps x 128
-    # samples a third), and greedy held-out accuracy does not fall. From the SFT start (0.535)
-    # 90 steps gave 0.535 -> 0.585 held-out once: +0.05 is within the noise of 200 prompts
-    # (standard error of a difference ~0.05), so it is not the criterion.
+    # samples a third), and greedy held-out accuracy does not fall beyond noise. From the SFT
+    # start (0.535) 90 steps gave 0.585 held-out once and 0.46 once (an async run's samples
+    # differ from run to run): the standard error of a difference of two 200-prompt
+    # evaluations is ~0.05, so a fall counts when it passes two of them.
     third = STEPS // 3
     early = sum(r["reward"] for r in steps[:third]) / third
     late = sum(r["reward"] for r in steps[-third:]) / third
     assert late > early + 0.02, (early, late)
     evals = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
-    assert len(evals) == 2 and evals[-1] >= evals[0], evals
+    assert len(evals) == 2 and evals[-1] >= evals[0] - 0.10, evals
     assert all(r["reward"] > 0 for r in steps)
