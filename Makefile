@@ -31,9 +31,9 @@ $(STAMP): pyproject.toml Makefile benchmarks/trl_requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH_SPEC)
-	$(PY) -m pip install -q -e '.[dev,agents,lora,reasoning-gym]'
-	# the Ray launcher's multi-node test (tests/launcher/test_launcher_ray.py)
-	$(PY) -m pip install -q -e '.[ray]'
+	# one resolution and one editable build for every extra (ray: the Ray launcher's multi-node
+	# test, tests/launcher/test_launcher_ray.py)
+	$(PY) -m pip install -q -e '.[dev,agents,lora,reasoning-gym,ray]'
 	# TRL's own loss code for the differential tests (tests/engine/*/test_trl_*_parity.py), at the
 	# versions benchmarks/trl_requirements.txt pins: adds datasets/pandas/pyarrow, changes nothing
 	$(PY) -m pip install -q trl -c benchmarks/trl_requirements.txt
