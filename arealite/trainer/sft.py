@@ -17,7 +17,6 @@ import torch
 
 from arealite.api.config.experiment import SFTConfig
 from arealite.api.io_struct import SaveLoadMeta
-from arealite.engine.functional import greedy_tokens
 from arealite.engine.sft.lm_engine import FSDPLMEngine, build_sft_batch
 from arealite.engine.sft.vision_batch import RowEncodings, build_vision_sft_batch
 from arealite.engine.vision_processor import vision_processor
@@ -44,11 +43,8 @@ def to_batch(config: SFTConfig, tokenizer: Any, rows: list[dict],
 def evaluate(engine: FSDPLMEngine, data: dict[str, torch.Tensor]) -> dict:
     """Held-out loss and exact-match accuracy of the held-out batch ``data``, over all ranks
     (every rank sees every row)."""
-    match = engine.forward(
-        data, post_hook=lambda logits, mb: (greedy_tokens(logits) == mb["labels"]).float())
-    mask = data["loss_mask"]
-    exact = ((match > 0.5) | ~mask).all(dim=1).float().mean().item()
-    return {"valid/loss": engine.evaluate_lm(data), "valid/accuracy": exact}
+    loss, exact = engine.evaluate_lm_exact(data)
+    return {"valid/loss": loss, "valid/accuracy": exact}
 
 
 def main(argv: list[str] | None = None) -> int:
