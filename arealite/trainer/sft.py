@@ -17,9 +17,8 @@ import torch
 
 from arealite.api.config.experiment import SFTConfig
 from arealite.api.io_struct import SaveLoadMeta
-from arealite.engine.functional import greedy_tokens
 from arealite.engine.sft.lm_engine import FSDPLMEngine, build_sft_batch
-from arealite.engine.sft.vision_batch import build_vision_sft_batch
+from arealite.engine.sft.vision_batch import RowEncodings, build_vision_sft_batch
 from arealite.engine.vision_processor import vision_processor
 from arealite.observe import stats_tracker
 from arealite.observe.stats_logger import StatsLogger
@@ -27,11 +26,12 @@ from arealite.observe.timing import FreqController
 from arealite.trainer.offline_setup import start_offline_run
 
 
-def to_batch(config: SFTConfig, tokenizer: Any, rows: list[dict]) -> dict[str, torch.Tensor]:
+def to_batch(config: SFTConfig, tokenizer: Any, rows: list[dict],
+             kept: RowEncodings | None = None) -> dict[str, torch.Tensor]:
     if hasattr(tokenizer, "image_processor"):  # a vision-language model's processor: rows have images
         return build_vision_sft_batch(tokenizer, [str(r[config.prompt_key]) for r in rows],
                                       [r["images"] for r in rows],
-                                      [str(r[config.completion_key]) for r in rows])
+                                      [str(r[config.completion_key]) for r in rows], kept)
     return build_sft_batch(
         tokenizer,
         [str(r[config.prompt_key]) for r in rows],
@@ -40,14 +40,11 @@ def to_batch(config: SFTConfig, tokenizer: Any, rows: list[dict]) -> dict[str, t
     )
 
 
-def evaluate(engine: FSDPLMEngine, config: SFTConfig, tokenizer: Any, rows: list[dict]) -> dict:
-    """Held-out loss and exact-match accuracy, over all ranks (every rank sees every row)."""
-    data = to_batch(config, tokenizer, rows)
-    match = engine.forward(
-        data, post_hook=lambda logits, mb: (greedy_tokens(logits) == mb["labels"]).float())
-    mask = data["loss_mask"]
-    exact = ((match > 0.5) | ~mask).all(dim=1).float().mean().item()
-    return {"valid/loss": engine.evaluate_lm(data), "valid/accuracy": exact}
+def evaluate(engine: FSDPLMEngine, data: dict[str, torch.Tensor]) -> dict:
+    """Held-out loss and exact-match accuracy of the held-out batch ``data``, over all ranks
+    (every rank sees every row)."""
+    loss, exact = engine.evaluate_lm_exact(data)
+    return {"valid/loss": loss, "valid/accuracy": exact}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,16 +60,20 @@ def main(argv: list[str] | None = None) -> int:
     logger = StatsLogger(config.stats_logger, config.run_dir("logs"), total_steps=total)
     eval_ctl = FreqController.from_config(config.evaluator)
     step, reached = 0, False
-    if valid_rows:  # the starting point: where held-out accuracy rises from
-        logger.commit(0, evaluate(engine, config, processor or tokenizer, valid_rows))
+    # the held-out rows are one batch, built once; training rows are encoded once (vision rows'
+    # encodings kept for the next epochs: RowEncodings)
+    valid = to_batch(config, processor or tokenizer, valid_rows) if valid_rows else None
+    kept = RowEncodings() if processor is not None else None
+    if valid is not None:  # the starting point: where held-out accuracy rises from
+        logger.commit(0, evaluate(engine, valid))
     for epoch in range(config.total_train_epochs):
         loader.sampler.set_epoch(epoch)
         for rows in loader:
-            stats = engine.train_lm(to_batch(config, processor or tokenizer, rows))
+            stats = engine.train_lm(to_batch(config, processor or tokenizer, rows, kept))
             step += 1
             last = step >= total
-            if valid_rows and (eval_ctl.check(epochs=0, steps=1) or last):
-                stats.update(evaluate(engine, config, processor or tokenizer, valid_rows))
+            if valid is not None and (eval_ctl.check(epochs=0, steps=1) or last):
+                stats.update(evaluate(engine, valid))
                 target = config.stop_at_valid_accuracy
                 reached = target is not None and stats["valid/accuracy"] >= target
             stats.update(stats_tracker.export())

@@ -17,7 +17,7 @@ from arealite.api.config.actor import TrainEngineConfig
 from arealite.api.engine_api import TrainEngine
 from arealite.api.trajectory import TensorDict, pad_sequences_to_tensors
 from arealite.engine.fsdp_engine import FSDPEngine
-from arealite.engine.functional import gather_logprobs
+from arealite.engine.functional import gather_logprobs, greedy_tokens
 
 
 def sft_loss_fn(logits: torch.Tensor, mb: TensorDict) -> torch.Tensor:
@@ -81,8 +81,21 @@ class LMEngine:
     @torch.no_grad()
     def evaluate_lm(self, data: TensorDict) -> float:
         """Token-mean NLL of the completion tokens, over all ranks."""
-        lp = self.engine.forward(data)
+        return self._mean_nll(self.engine.forward(data), data["loss_mask"].bool())
+
+    @torch.no_grad()
+    def evaluate_lm_exact(self, data: TensorDict) -> tuple[float, float]:
+        """``evaluate_lm``'s NLL and the share of rows whose greedy completion is the reference
+        (teacher forced: the argmax at every completion position is the reference token), from
+        one forward. Every rank holds every row: the share is this rank's."""
+        both = self.engine.forward(data, post_hook=lambda logits, mb: torch.stack(
+            [gather_logprobs(logits, mb["labels"]),
+             (greedy_tokens(logits) == mb["labels"]).float()], dim=-1))
         m = data["loss_mask"].bool()
+        exact = ((both[..., 1] > 0.5) | ~m).all(dim=1).float().mean().item()
+        return self._mean_nll(both[..., 0], m), exact
+
+    def _mean_nll(self, lp: torch.Tensor, m: torch.Tensor) -> float:
         t = torch.tensor([float(-lp[m].double().sum()), float(m.sum())], dtype=torch.float64)
         if dist.is_initialized():
             group = getattr(self.engine, "dp_group", None)
@@ -105,3 +118,6 @@ class FSDPLMEngine(FSDPEngine):
 
     def evaluate_lm(self, data: TensorDict) -> float:
         return self.lm.evaluate_lm(data)
+
+    def evaluate_lm_exact(self, data: TensorDict) -> tuple[float, float]:
+        return self.lm.evaluate_lm_exact(data)

@@ -8,6 +8,7 @@ import torch
 from arealite.api.config.actor import OptimizerConfig
 from arealite.api.io_struct import FinetuneSpec
 from arealite.demo.toy_math import generate_toy_math
+from arealite.engine.functional import greedy_tokens
 from arealite.engine.sft.lm_engine import FSDPLMEngine, build_sft_batch
 from tests.support.fsdp_helpers import engine_config
 
@@ -51,4 +52,13 @@ def test_sft_warm_start_lowers_heldout_loss(tiny_model_dir, tokenizer):
     print(f"sft held-out nll {before:.3f} -> {after:.3f}")
     assert before > 5.0 and after < 0.6 * before, (before, after)
     assert torch.isfinite(torch.tensor(after))
+    # held-out NLL and exact match from one forward (what the SFT script logs) = evaluate_lm and a
+    # row-by-row check of a separate greedy forward
+    loss, exact = eng.evaluate_lm_exact(vb)
+    greedy = eng.forward(vb, post_hook=lambda logits, mb: greedy_tokens(logits).float())
+    ids, mask = vb["input_ids"], vb["loss_mask"].bool()
+    rows_ok = [all(int(greedy[b, t]) == int(ids[b, t]) for t in range(ids.shape[1]) if mask[b, t])
+               for b in range(len(ids))]
+    assert 0 < sum(rows_ok) < len(rows_ok), rows_ok  # both outcomes occur: the share is checked
+    assert loss == after and exact == sum(rows_ok) / len(rows_ok), (loss, after, exact, rows_ok)
     eng.destroy()
