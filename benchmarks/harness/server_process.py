@@ -47,6 +47,8 @@ class Server:
         if model_path is not None:
             cmd += ["--model-path", model_path, "--num-threads", "1"]
         # the server goes when this process does, also when a SIGTERM or SIGKILL skips __exit__
+        # (PR_SET_PDEATHSIG fires when the starting *thread* ends: start servers from the thread
+        # that keeps them, as every caller here does from the main thread)
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
                                      start_new_session=True, preexec_fn=DIE_WITH_PARENT)
 
