@@ -35,6 +35,12 @@ for time to target accuracy (target <= 0.5); with several seeds, each seed's rat
 ratios of the means over seeds (which carry the targets: the first crossing of a noisy held-out
 curve moves by ~60% from seed to seed, on both sides). Writes
 ``benchmarks/results/vs_trl/vs_trl[_TAG].json`` and a PNG of the accuracy curves.
+
+A run longer than one sitting goes in parts: ``--max-arms N`` runs at most N arms (one system,
+one seed) and exits 3 naming what is left; the same command with ``--resume`` reuses every arm
+whose ``arm.json`` (written in its run folder when it finishes) was measured with the same
+figures-affecting arguments, and runs the rest. The arms run one after the other in any case;
+each arm keeps its date, commit and load average, and the results file lists them.
 """
 
 from __future__ import annotations
@@ -126,6 +132,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "several run every system once per seed and the headlines are means over them")
     p.add_argument("--fileroot", default=str(ROOT / "outputs"))
     p.add_argument("--tag", default=None, help="results file suffix (default: quick or none)")
+    p.add_argument("--resume", action="store_true",
+                   help="reuse the arms a previous part of this run finished (same arguments)")
+    p.add_argument("--max-arms", type=int, default=None,
+                   help="run at most this many arms now; exit 3 naming the rest (rerun with --resume)")
     p.add_argument("--job", default="toy", choices=("toy", "real"),
                    help="toy: the main job's tiny model and task; real: SmolLM2 on the real-model "
                         "job's reasoning-gym rows, its config, grader and held-out set")
@@ -148,6 +158,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     bad = [s for s in a.systems if s not in SYSTEMS]
     if bad or not a.systems:
         p.error(f"--systems: unknown {bad or 'empty list'}; choose from {', '.join(SYSTEMS)}")
+    if a.max_arms is not None and a.max_arms < 1:
+        p.error("--max-arms: at least 1")
     if a.seconds <= 0 or not 0 < a.target <= 1 or min(a.prompts, a.samples, a.max_new_tokens, a.eval_every) < 1:
         p.error("--seconds > 0, 0 < --target <= 1, and --prompts/--samples/--max-new-tokens/--eval-every >= 1")
     return a
@@ -339,6 +351,38 @@ def page_entry(r: dict[str, Any], file: str = "vs_trl.json") -> dict[str, Any]:
                      f"`benchmarks/results/vs_trl/{file}`."}
 
 
+# --------------------------------------------------------------------------- arms kept between parts
+
+# The arguments an arm's figures depend on; an arm.json measured under other values is rerun.
+ARM_ARGS = ("job", "quick", "seconds", "target", "prompts", "samples", "max_new_tokens", "lr",
+            "eval_every", "eval_prompts", "override")
+
+
+def arm_args(a: argparse.Namespace) -> dict[str, Any]:
+    return {k: getattr(a, k) for k in ARM_ARGS}
+
+
+def save_arm(folder: Path, a: argparse.Namespace, summary: dict[str, Any], load_start: float) -> None:
+    """Keep a finished arm's figures, the arguments they came from and when and where they ran."""
+    record = {"args": arm_args(a), "summary": summary, "date": time.strftime("%Y-%m-%d %H:%M"),
+              "commit": _commit(), "load_average": [round(load_start, 1), round(os.getloadavg()[0], 1)]}
+    (folder / "arm.json").write_text(json.dumps(record, indent=1))
+
+
+def load_arm(folder: Path, a: argparse.Namespace) -> dict[str, Any] | None:
+    """The arm.json in ``folder`` when it was measured with this run's arguments, else None."""
+    try:
+        record = json.loads((folder / "arm.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return record if record.get("args") == json.loads(json.dumps(arm_args(a))) else None
+
+
+def _commit() -> str:
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return out.stdout.strip() if out.returncode == 0 else "unknown"
+
+
 # --------------------------------------------------------------------------- runs
 
 
@@ -444,14 +488,30 @@ def main(argv: list[str] | None = None) -> int:
     max_steps = load_config(str(base), []).total_train_epochs * (n_train // a.prompts)
     tag = a.tag or ("quick" if a.quick else "")
     experiment = "bench-vs-trl" + ("-real" if a.job == "real" else "") + (f"-{tag}" if tag else "")
+    arms = [(seed, name, th) for seed in a.seeds  # a seed's systems side by side, then the next seed
+            for name in a.systems for th in (a.trl_threads if name == "trl" else [None])]
+    keys = [run_key(f"trl-{th}t" if th else name, seed, a.seeds) for seed, name, th in arms]
     runs: dict[str, dict[str, Any]] = {}
-    for seed in a.seeds:  # a seed's systems side by side, then the next seed
-        for name in a.systems:
-            if name == "trl":
-                for th in a.trl_threads:
-                    runs[run_key(f"trl-{th}t", seed, a.seeds)] = run_trl(a, model, data, experiment, max_steps, th, seed)
-            else:
-                runs[run_key(name, seed, a.seeds)] = run_arealite(name, a, model, data, experiment, max_steps, seed)
+    arm_records: dict[str, dict[str, Any]] = {}
+    ran = 0
+    for (seed, name, th), key in zip(arms, keys):
+        folder = Path(a.fileroot) / experiment / key
+        kept = load_arm(folder, a) if a.resume else None
+        if kept is not None:
+            print(f"== {key}: kept from {kept['date']} (commit {kept['commit']}, load {kept['load_average']})", flush=True)
+        elif a.max_arms is not None and ran >= a.max_arms:
+            left = [k for k in keys[keys.index(key):] if load_arm(Path(a.fileroot) / experiment / k, a) is None]
+            print(f"vs_trl: stopped after {ran} arm(s); left: {', '.join(left)}; "
+                  "run the same command with --resume to go on", file=sys.stderr)
+            return 3
+        else:
+            load = os.getloadavg()[0]
+            summary = (run_trl(a, model, data, experiment, max_steps, th, seed) if th
+                       else run_arealite(name, a, model, data, experiment, max_steps, seed))
+            save_arm(folder, a, summary, load)
+            kept, ran = load_arm(folder, a), ran + 1
+        runs[key] = finish(kept["summary"], a.target)
+        arm_records[key] = {k: kept[k] for k in ("date", "commit", "load_average")}
     print(f"\n{a.prompts} prompts x {a.samples} samples per step, max {a.max_new_tokens} new tokens, lr {a.lr}, "
           f"{a.seconds:.0f} training seconds each; TRL torch threads {a.trl_threads}; seeds {a.seeds}\n")
     print(table(runs, a.target))
@@ -463,6 +523,7 @@ def main(argv: list[str] | None = None) -> int:
     command = " ".join(["python -m benchmarks.studies.vs_trl", *(sys.argv[1:] if argv is None else argv)])
     (RESULTS / f"{stem}.json").write_text(json.dumps(
         {"command": command.strip(), "date": time.strftime("%Y-%m-%d %H:%M"), "args": vars(a), "runs": runs,
+         "arms": arm_records,
          "table": table(runs, a.target), "headlines": headlines(runs, a.target)}, indent=1))
     plot(runs, a.target, RESULTS / f"{stem}.png")
     print(f"\nwrote {RESULTS / f'{stem}.json'} and {RESULTS / f'{stem}.png'}")

@@ -4,6 +4,10 @@ the runs need TRL's virtualenv (``make setup-trl``) and minutes of training."""
 
 from __future__ import annotations
 
+import json
+import sys
+from pathlib import Path
+
 import pytest
 
 from benchmarks.harness.report import parse_figures
@@ -203,3 +207,46 @@ def test_the_real_job_runs_its_config_sync_twin_and_grader(tmp_path):
     got = reward([col["prompt"]] * 2, [[{"role": "assistant", "content": f"{row['answer']}</answer>"}], "zz"],
                  **{k: [v, v] for k, v in col.items() if k != "prompt"})
     assert got == [1.0, 0.0]
+
+
+def test_a_run_in_parts_keeps_finished_arms_and_reruns_the_rest(tmp_path, monkeypatch, capsys):
+    """--max-arms stops with exit 3 naming what is left; --resume reuses the arms measured with
+    the same arguments and reruns an arm measured under others."""
+    from benchmarks.harness import warm_start
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.jsonl").write_text("{}\n" * 64)
+    monkeypatch.setattr(warm_start, "ensure_model", lambda root: (tmp_path / "model", data))
+    monkeypatch.setattr(vs_trl, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(vs_trl, "plot", lambda *args: None)
+    ran: list[str] = []
+
+    def fake(name, seed, a, experiment):
+        ran.append(f"{name}-s{seed}")
+        (Path(a.fileroot) / experiment / vs_trl.run_key(name, seed, a.seeds)).mkdir(parents=True, exist_ok=True)
+        return vs_trl.finish({"steps": 4, "train_s": 40.0 + seed, "curve": [(0.0, 0.1), (20.0, 0.6)],
+                              "phases": {}}, a.target)
+
+    monkeypatch.setattr(vs_trl, "run_trl", lambda a, m, d, e, ms, th, seed: fake(f"trl-{th}t", seed, a, e))
+    monkeypatch.setattr(vs_trl, "run_arealite", lambda name, a, m, d, e, ms, seed: fake(name, seed, a, e))
+    argv = ["--systems", "trl,async", "--seeds", "1,2", "--trl-threads", "2", "--seconds", "40",
+            "--target", "0.5", "--fileroot", str(tmp_path / "out"), "--tag", "t"]
+    trl_python = ["--trl-python", sys.executable]
+
+    assert vs_trl.main([*argv, *trl_python, "--max-arms", "3"]) == 3
+    assert ran == ["trl-2t-s1", "async-s1", "trl-2t-s2"]
+    assert "left: async-s2; run the same command with --resume" in capsys.readouterr().err
+    assert not (tmp_path / "results" / "vs_trl_t.json").exists()
+
+    ran.clear()
+    assert vs_trl.main([*argv, *trl_python, "--resume"]) == 0
+    assert ran == ["async-s2"]
+    out = json.loads((tmp_path / "results" / "vs_trl_t.json").read_text())
+    assert sorted(out["runs"]) == ["async-s1", "async-s2", "trl-2t-s1", "trl-2t-s2"]
+    assert set(out["arms"]["async-s1"]) == {"date", "commit", "load_average"}
+    assert out["runs"]["trl-2t-s2"]["train_s"] == 42.0
+
+    ran.clear()  # other figures-affecting arguments: nothing is kept
+    assert vs_trl.main([*argv, "--seconds", "50", *trl_python, "--resume"]) == 0  # the last --seconds wins
+    assert ran == ["trl-2t-s1", "async-s1", "trl-2t-s2", "async-s2"]
