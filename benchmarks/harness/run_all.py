@@ -397,14 +397,16 @@ def write_page(a: argparse.Namespace, results: list[dict[str, Any]], machine: di
         i = next((k + 1 for k, r in enumerate(results) if r["name"] == "staleness_ablation"),
                  len(results))
         results = [*results[:i], *abl_entries, *results[i:]]
-    if a.quick and "server_throughput" in names:  # the kept mixed-constrained runs, one per model
+    if a.quick and "server_throughput" in names:  # the kept full runs, one per kind and model
         from benchmarks.micro.server_throughput import page_entry as mixed_entry
+        from benchmarks.micro.server_throughput import rows_entry
 
         kept = sorted(results_dir("server_throughput").glob("mixed_constrained_*.json"))
+        rows = sorted(results_dir("server_throughput").glob("rows_*.json"))  # the job's own requests
         i = next((k + 1 for k, r in enumerate(results) if r["name"] == "server_throughput"),
                  len(results))
-        results = [*results[:i], *(mixed_entry(json.loads(p.read_text())) for p in kept),
-                   *results[i:]]
+        results = [*results[:i], *(rows_entry(json.loads(p.read_text())) for p in rows),
+                   *(mixed_entry(json.loads(p.read_text())) for p in kept), *results[i:]]
     # the toy job's last full run, then the real model's (--job real; smoke runs are not kept)
     trl_full = [p for p in (results_dir("vs_trl") / "vs_trl.json", *sorted(results_dir("vs_trl").glob("vs_trl_real*.json")))
                 if p.is_file() and not p.stem.endswith(("_smoke", "_quick"))]

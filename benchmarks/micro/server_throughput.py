@@ -215,14 +215,14 @@ def mixed_constrained(model_path: str, vocab: int, args) -> dict:
             "cpu_ratios": cpu, "headlines": headlines, "rounds": rounds}
 
 
-def write_result(run: dict, path: str | None, model_path: str | None) -> Path:
-    """Keep a mixed-constrained run in ``benchmarks/results/server_throughput/`` (one file per
-    model: the tiny one or the ``--model-path`` folder's name)."""
+def write_result(run: dict, path: str | None, model_path: str | None, kind: str = "mixed_constrained") -> Path:
+    """Keep a run in ``benchmarks/results/server_throughput/{kind}_{model}.json`` (one file per
+    kind and model: the tiny one or the ``--model-path`` folder's name)."""
     from benchmarks.harness.paths import results_dir
     from benchmarks.harness.report import machine_info
 
     tag = model_tag(model_path)
-    out = Path(path) if path else results_dir("server_throughput") / f"mixed_constrained_{tag}.json"
+    out = Path(path) if path else results_dir("server_throughput") / f"{kind}_{tag}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     run = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "command": "python -m benchmarks.micro.server_throughput " + " ".join(sys.argv[1:]),
@@ -255,6 +255,23 @@ def page_entry(r: dict) -> dict:
                      f"({r['requests']} requests, up to {r['max_new_tokens']} new tokens, pairs in "
                      f"ABBA order), on {model}; load average {load} on {r['cores']} cores during "
                      f"the run. All rounds in `benchmarks/results/server_throughput/`."}
+
+
+def rows_entry(r: dict) -> dict:
+    """A kept ``--rows`` run (the job's own requests) as a row group of docs/benchmarks.md
+    (benchmarks.harness.run_all adds one per ``rows_*.json``)."""
+    from benchmarks.harness.report import parse_figures
+
+    load = "-".join(f"{x:.1f}" for x in r["load_average_start_end"])
+    return {"name": f"server_throughput on the job's requests ({r['model_tag']}, {r['requests']} requests, "
+                    f"ran {r['date'][:10]})",
+            "command": r["command"], "status": f"ran {r['date']}", "seconds": None,
+            "figures": [f.as_dict() for f in parse_figures("server_throughput", "\n".join(r["headlines"]))],
+            "notes": r["lines"],
+            "about": f"The real-model job's prompts ({r['rows']}, each {r['group']} times as a GRPO "
+                     f"group, {r['max_new_tokens']} new tokens each) on `{r['model_tag']}`, best of "
+                     f"{r['rounds']} rounds per method, one torch thread each; load average {load} on "
+                     f"{r['cores']} cores during the run (docs/real_model.md)."}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -304,6 +321,13 @@ def main(argv: list[str] | None = None) -> None:
     names = ("server (continuous batching)", "HF generate, one at a time",
              "HF generate, static padded batch")
     best: dict[str, tuple[float, int]] = {}
+    lines: list[str] = []
+
+    def say(line: str) -> None:
+        lines.append(line)
+        print(line, flush=True)
+
+    load_start = os.getloadavg()[0]
     with Server(model_path) as server:
         for rnd in range(args.rounds):
             runs = (server.run(reqs), bench_one_at_a_time(model, reqs, pad_id),
@@ -311,14 +335,22 @@ def main(argv: list[str] | None = None) -> None:
             for name, (secs, toks) in zip(names, runs):
                 if name not in best or secs < best[name][0]:
                     best[name] = (secs, toks)
-                print(f"round {rnd}: {name:34s} {toks / secs:9.1f} tokens/s", flush=True)
+                say(f"round {rnd}: {name:34s} {toks / secs:9.1f} tokens/s")
     tps = {}
     for name, (secs, toks) in best.items():
         tps[name] = toks / secs
-        print(f"{name:36s} {toks:6d} tokens {secs:8.2f} s {tps[name]:9.1f} tokens/s", flush=True)
+        say(f"{name:36s} {toks:6d} tokens {secs:8.2f} s {tps[name]:9.1f} tokens/s")
     srv = tps["server (continuous batching)"]
-    print(f"ratio server / one-at-a-time : {srv / tps['HF generate, one at a time']:.2f}x (target >= 5x)")
-    print(f"ratio server / static batch  : {srv / tps['HF generate, static padded batch']:.2f}x (target >= 1.5x)")
+    headlines = [f"ratio server / one-at-a-time : {srv / tps['HF generate, one at a time']:.2f}x (target >= 5x)",
+                 f"ratio server / static batch  : {srv / tps['HF generate, static padded batch']:.2f}x (target >= 1.5x)"]
+    for line in headlines:
+        say(line)
+    if args.rows:  # the job's own requests: kept for docs/benchmarks.md (random ones are `make bench`'s)
+        write_result({"model_tag": model_tag(args.model_path), "rows": args.rows, "group": args.group,
+                      "requests": len(reqs), "max_new_tokens": args.max_new_tokens, "rounds": args.rounds,
+                      "cores": os.cpu_count(), "load_average_start_end": [load_start, os.getloadavg()[0]],
+                      "tokens_per_s": tps, "lines": lines, "headlines": headlines},
+                     None, args.model_path, kind="rows")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
-"""The mixed-constrained benchmark's pair statistics and its row group on the results page."""
+"""The mixed-constrained benchmark's pair statistics, and the row groups of kept runs (mixed
+constrained; the job's own requests) on the results page."""
 
 from __future__ import annotations
 
 import statistics
 
-from benchmarks.micro.server_throughput import page_entry, pair_summary
+from benchmarks.micro.server_throughput import page_entry, pair_summary, rows_entry
 
 
 def test_pair_summary_is_the_median_and_quartiles_of_the_pairs():
@@ -28,3 +29,15 @@ def test_page_entry_turns_a_kept_run_into_checked_figures():
     assert [(f["value"], f["met"]) for f in e["figures"]] == [("0.940", False), ("1.010", True)]
     assert e["figures"][1]["name"].startswith("unconstrained tokens per server CPU second mixed")
     assert "load average 7.1-8.2 on 2 cores" in e["about"] and "(vocabulary 330)" in e["about"]
+
+
+def test_rows_entry_checks_both_ratios_of_a_kept_run_on_the_jobs_requests():
+    heads = ["ratio server / one-at-a-time : 9.23x (target >= 5x)",
+             "ratio server / static batch  : 1.34x (target >= 1.5x)"]
+    run = {"model_tag": "smollm2", "requests": 64, "date": "2026-11-28 07:47 UTC", "command": "python -m x",
+           "rows": "rg/train.jsonl", "group": 8, "max_new_tokens": 12, "rounds": 3, "cores": 2,
+           "load_average_start_end": [0.4, 1.0], "lines": ["round 0: ...", *heads], "headlines": heads}
+    e = rows_entry(run)
+    assert e["name"] == "server_throughput on the job's requests (smollm2, 64 requests, ran 2026-11-28)"
+    assert [(f["value"], f["met"]) for f in e["figures"]] == [("9.23x", True), ("1.34x", False)]
+    assert "each 8 times as a GRPO group" in e["about"] and "load average 0.4-1.0 on 2 cores" in e["about"]
