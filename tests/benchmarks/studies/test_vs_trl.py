@@ -169,6 +169,28 @@ def test_several_seeds_report_each_seed_and_the_means():
     assert "| arealite async (eta=2), seed 2 |" in vs_trl.table(runs, 0.8)
 
 
+def test_the_evaluation_grid_bound_takes_trl_at_its_last_evaluation_below():
+    """TRL evaluated every 40 s, arealite every 10 s: the ratio at the first evaluations at or
+    above the target, and at most what it is with TRL at its last evaluation below it."""
+    assert vs_trl.last_below([(0.0, 0.3), (40.0, 0.5), (80.0, 0.9), (120.0, 0.7)], 0.8) == 40.0
+    assert vs_trl.last_below([(0.0, 0.9), (40.0, 0.5)], 0.8) is None  # reached at once
+    assert vs_trl.last_below([(0.0, 0.3), (40.0, 0.5)], 0.8) is None  # never
+
+    def run(curve):
+        return vs_trl.finish({"steps": 10, "train_s": 120.0, "phases": {}, "curve": curve}, 0.8)
+
+    runs = {"trl-1t-s1": run([(0.0, 0.3), (40.0, 0.5), (80.0, 0.8)]),
+            "async-s1": run([(0.0, 0.3), (10.0, 0.5), (20.0, 0.6), (30.0, 0.8)]),
+            "trl-1t-s2": run([(0.0, 0.3), (40.0, 0.6), (80.0, 0.7), (120.0, 0.85)]),
+            "async-s2": run([(0.0, 0.3), (30.0, 0.6), (40.0, 0.81)])}
+    lines = vs_trl.headlines(runs, 0.8)
+    seed1 = next(x for x in lines if x.startswith("seed 1: arealite async / TRL time to"))
+    assert "0.38x (no target) [at most 0.75x with TRL at its last evaluation below the target]" in seed1
+    mean = next(x for x in lines if x.startswith("arealite async / TRL time to 0.80 held-out accuracy (mean"))
+    # (30 + 40) / (80 + 120) = 0.35; with TRL at 40 and 80 s: 70 / 120 = 0.58
+    assert mean.endswith("0.35x (target <= 0.5) [at most 0.58x with TRL at its last evaluation below the target]")
+
+
 def test_async_speedup_over_sync_per_seed_and_of_the_means():
     def run(step_s):
         return vs_trl.finish({"steps": 10, "train_s": 10 * step_s, "phases": {}, "curve": [(0.0, 0.3)]}, 0.8)
