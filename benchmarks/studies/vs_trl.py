@@ -137,7 +137,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--resume", action="store_true",
                    help="reuse the arms a previous part of this run finished (same arguments)")
     p.add_argument("--max-arms", type=int, default=None,
-                   help="run at most this many arms now; exit 3 naming the rest (rerun with --resume)")
+                   help="run at most this many arms now; exit 3 naming the rest (rerun with --resume); "
+                        "0 with --resume: report the finished arms")
     p.add_argument("--job", default="toy", choices=("toy", "real"),
                    help="toy: the main job's tiny model and task; real: SmolLM2 on the real-model "
                         "job's reasoning-gym rows, its config, grader and held-out set")
@@ -160,8 +161,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     bad = [s for s in a.systems if s not in SYSTEMS]
     if bad or not a.systems:
         p.error(f"--systems: unknown {bad or 'empty list'}; choose from {', '.join(SYSTEMS)}")
-    if a.max_arms is not None and a.max_arms < 1:
-        p.error("--max-arms: at least 1")
+    if a.max_arms is not None and a.max_arms < 0:
+        p.error("--max-arms: 0 (report the finished arms only) or more")
     if a.seconds <= 0 or not 0 < a.target <= 1 or min(a.prompts, a.samples, a.max_new_tokens, a.eval_every) < 1:
         p.error("--seconds > 0, 0 < --target <= 1, and --prompts/--samples/--max-new-tokens/--eval-every >= 1")
     return a
@@ -476,6 +477,20 @@ def run_trl(a: argparse.Namespace, model: Path, data: Path, experiment: str, max
     return trl_summary(json.loads((out / "result.json").read_text()), a.target)
 
 
+def report_part(runs: dict[str, dict[str, Any]], keys: list[str], left: list[str], target: float) -> None:
+    """What a part of a run has so far: the table of its finished arms, and the ratio lines of
+    the seeds whose every arm is finished (no results file: that is written by the whole run)."""
+    done = [k for k in keys if k in runs]
+    if not done:
+        return
+    print(table({k: runs[k] for k in done}, target) + "\n")
+    whole = {split_key(k)[1] for k in done} - {split_key(k)[1] for k in left}
+    for seed in sorted(s for s in whole if s is not None):
+        seed_runs = {split_key(k)[0]: runs[k] for k in done if split_key(k)[1] == seed}
+        for line in seed_headlines(seed_runs, target, targets=False) + speedup_lines({seed: seed_runs}):
+            print(f"seed {seed}: {line}")
+
+
 def plot(runs: dict[str, dict[str, Any]], target: float, png: Path) -> None:
     import matplotlib
 
@@ -524,6 +539,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"== {key}: kept from {kept['date']} (commit {kept['commit']}, load {kept['load_average']})", flush=True)
         elif a.max_arms is not None and ran >= a.max_arms:
             left = [k for k in keys[keys.index(key):] if load_arm(Path(a.fileroot) / experiment / k, a) is None]
+            report_part(runs, keys, left, a.target)
             print(f"vs_trl: stopped after {ran} arm(s); left: {', '.join(left)}; "
                   "run the same command with --resume to go on", file=sys.stderr)
             return 3

@@ -258,7 +258,12 @@ def test_a_run_in_parts_keeps_finished_arms_and_reruns_the_rest(tmp_path, monkey
 
     assert vs_trl.main([*argv, *trl_python, "--max-arms", "3"]) == 3
     assert ran == ["trl-2t-s1", "async-s1", "trl-2t-s2"]
-    assert "left: async-s2; run the same command with --resume" in capsys.readouterr().err
+    got = capsys.readouterr()
+    assert "left: async-s2; run the same command with --resume" in got.err
+    # the part's report: its arms' table, and the ratio lines of the seed it finished only
+    assert "| TRL GRPOTrainer, 2 threads, seed 2 |" in got.out
+    assert "seed 1: arealite async / TRL seconds per step: 1.00x (no target)" in got.out
+    assert "seed 2: arealite" not in got.out
     assert not (tmp_path / "results" / "vs_trl_t.json").exists()
 
     ran.clear()
@@ -268,6 +273,10 @@ def test_a_run_in_parts_keeps_finished_arms_and_reruns_the_rest(tmp_path, monkey
     assert sorted(out["runs"]) == ["async-s1", "async-s2", "trl-2t-s1", "trl-2t-s2"]
     assert set(out["arms"]["async-s1"]) == {"date", "commit", "load_average"}
     assert out["runs"]["trl-2t-s2"]["train_s"] == 42.0
+
+    ran.clear()  # --max-arms 0: the report of what is kept, nothing run
+    assert vs_trl.main([*argv, *trl_python, "--resume", "--max-arms", "0"]) == 0
+    assert ran == [] and "seed 2: arealite async / TRL seconds per step" in capsys.readouterr().out
 
     ran.clear()  # other figures-affecting arguments: nothing is kept
     assert vs_trl.main([*argv, "--seconds", "50", *trl_python, "--resume"]) == 0  # the last --seconds wins
