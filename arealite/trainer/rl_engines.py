@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from arealite.api.config.experiment import GRPOConfig
+from arealite.api.config.rollout import InferenceEngineConfig
 from arealite.api.io_struct import FinetuneSpec
 from arealite.api.workflow_api import RolloutWorkflow
 from arealite.api.workflow_factory import build_workflow
@@ -119,9 +120,7 @@ def build_rl_engines(config: GRPOConfig, rank: int, world: int) -> RLEngines:
     # The client speaks the servers' protocol (launcher.server_backend: SGLang's or vLLM's).
     protocol = protocol_for(config.launcher.server_backend)
     rollout = RemoteInferenceEngine(config.rollout, protocol=protocol)
-    eval_rollout = RemoteInferenceEngine(config.rollout.model_copy(
-        update={"max_head_offpolicyness": 1 << 20, "max_concurrent_rollouts": None}),
-        rollout.clock, protocol)
+    eval_rollout = RemoteInferenceEngine(eval_rollout_config(config, len(valid_rows)), rollout.clock, protocol)
     eval_rollout.adapters = rollout.adapters  # a LoRA run evaluates its current adapter
     actor = FSDPPPOActor(config.actor, config.device, config.dist_backend, config.seed, rollout.clock)
     actor.initialize(None, ft)
@@ -154,6 +153,17 @@ def build_rl_engines(config: GRPOConfig, rank: int, world: int) -> RLEngines:
         colocated=_colocated_phases(config, rollout, actor, ref, rm, rank),
         gate=build_gate(config, workflow, valid_rows or train_rows, rank,
                         rollout.keys.api_headers, vision=processor is not None))
+
+
+def eval_rollout_config(config: GRPOConfig, n_rows: int) -> InferenceEngineConfig:
+    """The evaluation client's settings: no staleness bound (it only evaluates the current
+    weights), and ``evaluator.max_concurrent`` episodes in flight, by default every held-out
+    prompt at once. (Left to the training client's ``max_concurrent_rollouts`` default, the
+    consumer batch size, 200 prompts ran 4 at a time: a batch of 4 rows on the server.)"""
+    ev = config.evaluator
+    episodes = min(n_rows, ev.max_prompts or n_rows)  # one per held-out prompt
+    return config.rollout.model_copy(update={"max_head_offpolicyness": 1 << 20,
+                                             "max_concurrent_rollouts": ev.max_concurrent or max(1, episodes)})
 
 
 def _weight_pushes(config: GRPOConfig, protocol: GenerateProtocol, rank: int) -> WeightPushPlan:

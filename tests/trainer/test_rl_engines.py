@@ -8,6 +8,7 @@ import pytest
 from arealite.api.trajectory import concat_padded_tensors
 from arealite.rollout.dynamic_sampling import GroupRewardFilter
 from arealite.trainer.rl_engines import (
+    eval_rollout_config,
     ppo_update,
     prepare_logp_and_advantages,
     rollout_batch,
@@ -96,3 +97,16 @@ def test_colocated_switches_surround_generation_ref_logp_and_the_push(tmp_path):
         ("colocate", "resume"), ("rollout", "pause"), ("rollout", "update_weights", 1),
         ("actor", "upload_weights", 1), ("rollout", "set_version", 1), ("rollout", "resume")]
     assert "ref_logp" in batch
+
+
+def test_the_evaluation_client_runs_every_held_out_prompt_at_once(tmp_path):
+    """Left to the training client's default (the consumer batch size) 200 held-out prompts ran
+    4 at a time; the evaluation client has every prompt in flight unless the evaluator says
+    otherwise, and no staleness bound."""
+    config = grpo_config(tmp_path, "rollout.consumer_batch_size=4", "rollout.max_concurrent_rollouts=8")
+    ev = eval_rollout_config(config, 200)
+    assert ev.max_concurrent_rollouts == 200 and ev.max_head_offpolicyness >= 1 << 20
+    assert ev.consumer_batch_size == 4 and config.rollout.max_concurrent_rollouts == 8  # a copy
+    assert eval_rollout_config(grpo_config(tmp_path, "evaluator.max_prompts=50"), 200).max_concurrent_rollouts == 50
+    assert eval_rollout_config(grpo_config(tmp_path, "evaluator.max_concurrent=16"), 200).max_concurrent_rollouts == 16
+    assert eval_rollout_config(config, 0).max_concurrent_rollouts == 1  # no held-out set: still valid

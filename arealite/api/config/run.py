@@ -42,6 +42,10 @@ class LMEvalConfig(BaseConfig):
 class EvaluatorConfig(SaverConfig):
     n_samples: int = Field(1, ge=1, description="Samples per held-out prompt.")
     max_prompts: int | None = Field(None, ge=1, description="Cap on held-out prompts per eval.")
+    max_concurrent: int | None = Field(
+        None, ge=1, description="Evaluation episodes in flight at once; None: every held-out prompt "
+        "at once (the servers batch them and queue what exceeds their own limit).",
+    )
     eval_fn: str | None = Field(
         None,
         description="(GRPO) Your evaluation, `module:function`, called as fn(engine, rows) -> dict of "
