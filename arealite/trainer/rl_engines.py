@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from arealite.api.config.experiment import GRPOConfig
-from arealite.api.config.rollout import InferenceEngineConfig
+from arealite.api.config.rollout import GenerationHyperparameters, InferenceEngineConfig
 from arealite.api.io_struct import FinetuneSpec
 from arealite.api.workflow_api import RolloutWorkflow
 from arealite.api.workflow_factory import build_workflow
@@ -140,10 +140,8 @@ def build_rl_engines(config: GRPOConfig, rank: int, world: int) -> RLEngines:
     extra = {"processor": processor} if processor is not None else {}
     rm_kw = {"reward_model": rm} if rm is not None else {}
     workflow = build_workflow(config.workflow, config.gconfig, tokenizer, **extra, **rm_kw)
-    eval_gconfig = config.eval_gconfig or config.gconfig.new(
-        n_samples=1, greedy=True, temperature=0.0, return_routed_experts=False)
     # evaluation keeps the rule reward alone: held-out accuracy stays the verifiable one
-    eval_workflow = build_workflow(config.workflow, eval_gconfig, tokenizer, **extra)
+    eval_workflow = build_workflow(config.workflow, eval_generation(config), tokenizer, **extra)
     eval_fn = load_eval_fn(config.evaluator.eval_fn)
     return RLEngines(
         config, rank, world, tokenizer, processor, loader, valid_rows, ft, DataCycle(),
@@ -153,6 +151,12 @@ def build_rl_engines(config: GRPOConfig, rank: int, world: int) -> RLEngines:
         colocated=_colocated_phases(config, rollout, actor, ref, rm, rank),
         gate=build_gate(config, workflow, valid_rows or train_rows, rank,
                         rollout.keys.api_headers, vision=processor is not None))
+
+
+def eval_generation(config: GRPOConfig) -> GenerationHyperparameters:
+    """How the evaluation generates: ``eval_gconfig``, else one greedy sample per prompt."""
+    return config.eval_gconfig or config.gconfig.new(
+        n_samples=1, greedy=True, temperature=0.0, return_routed_experts=False)
 
 
 def eval_rollout_config(config: GRPOConfig, n_rows: int) -> InferenceEngineConfig:
