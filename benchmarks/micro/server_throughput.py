@@ -236,42 +236,43 @@ def model_tag(model_path: str | None) -> str:
     return "tiny" if model_path is None else Path(model_path).name
 
 
+def _kept_entry(name: str, r: dict, notes: list[str], about: str) -> dict:
+    """A kept run (its ``headlines`` carry the targets) as a row group of docs/benchmarks.md."""
+    from benchmarks.harness.report import parse_figures
+
+    return {"name": f"{name}, ran {r['date'][:10]})", "command": r["command"], "status": f"ran {r['date']}",
+            "seconds": None, "notes": notes, "about": about,
+            "figures": [f.as_dict() for f in parse_figures("server_throughput", "\n".join(r["headlines"]))]}
+
+
+def _load(r: dict) -> str:
+    return "-".join(f"{x:.1f}" for x in r["load_average_start_end"])
+
+
 def page_entry(r: dict) -> dict:
     """A kept mixed-constrained run as a row group of docs/benchmarks.md (benchmarks.harness
     .run_all adds one per ``mixed_constrained_*.json``)."""
-    from benchmarks.harness.report import parse_figures
-
-    load = "-".join(f"{x:.1f}" for x in r["load_average_start_end"])
     model = (f"the tiny test model (vocabulary {r['vocab']})" if r["model_tag"] == "tiny" else
              f"the `--model-path` model `{r['model_tag']}` (vocabulary {r['vocab']}; SmolLM2-135M-"
              "Instruct is `arealite.demo.smollm2.import_smollm2(DIR)`)")
-    return {"name": f"server_throughput, mixed constrained ({r['model_tag']}, {r['pairs']} pairs, "
-                    f"ran {r['date'][:10]})",
-            "command": r["command"], "status": f"ran {r['date']}", "seconds": None,
-            "figures": [f.as_dict() for f in parse_figures("server_throughput", "\n".join(r["headlines"]))],
-            "notes": r["headlines"],
-            "about": f"Unconstrained requests' throughput with every other request of the batch "
-                     f"regex-constrained, against the same requests all unconstrained "
-                     f"({r['requests']} requests, up to {r['max_new_tokens']} new tokens, pairs in "
-                     f"ABBA order), on {model}; load average {load} on {r['cores']} cores during "
-                     f"the run. All rounds in `benchmarks/results/server_throughput/`."}
+    return _kept_entry(
+        f"server_throughput, mixed constrained ({r['model_tag']}, {r['pairs']} pairs", r, r["headlines"],
+        f"Unconstrained requests' throughput with every other request of the batch "
+        f"regex-constrained, against the same requests all unconstrained "
+        f"({r['requests']} requests, up to {r['max_new_tokens']} new tokens, pairs in "
+        f"ABBA order), on {model}; load average {_load(r)} on {r['cores']} cores during "
+        f"the run. All rounds in `benchmarks/results/server_throughput/`.")
 
 
 def rows_entry(r: dict) -> dict:
     """A kept ``--rows`` run (the job's own requests) as a row group of docs/benchmarks.md
     (benchmarks.harness.run_all adds one per ``rows_*.json``)."""
-    from benchmarks.harness.report import parse_figures
-
-    load = "-".join(f"{x:.1f}" for x in r["load_average_start_end"])
-    return {"name": f"server_throughput on the job's requests ({r['model_tag']}, {r['requests']} requests, "
-                    f"ran {r['date'][:10]})",
-            "command": r["command"], "status": f"ran {r['date']}", "seconds": None,
-            "figures": [f.as_dict() for f in parse_figures("server_throughput", "\n".join(r["headlines"]))],
-            "notes": r["lines"],
-            "about": f"The real-model job's prompts ({r['rows']}, each {r['group']} times as a GRPO "
-                     f"group, {r['max_new_tokens']} new tokens each) on `{r['model_tag']}`, best of "
-                     f"{r['rounds']} rounds per method, one torch thread each; load average {load} on "
-                     f"{r['cores']} cores during the run (docs/real_model.md)."}
+    return _kept_entry(
+        f"server_throughput on the job's requests ({r['model_tag']}, {r['requests']} requests", r, r["lines"],
+        f"The real-model job's prompts ({r['rows']}, each {r['group']} times as a GRPO "
+        f"group, {r['max_new_tokens']} new tokens each) on `{r['model_tag']}`, best of "
+        f"{r['rounds']} rounds per method, one torch thread each; load average {_load(r)} on "
+        f"{r['cores']} cores during the run (docs/real_model.md).")
 
 
 def main(argv: list[str] | None = None) -> None:

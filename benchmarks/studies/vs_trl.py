@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness.paths import ROOT, results_dir
+from benchmarks.studies.vs_trl_arms import load_arm, save_arm
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -373,38 +374,6 @@ def page_entry(r: dict[str, Any], file: str = "vs_trl.json") -> dict[str, Any]:
             "about": f"{a['prompts']} prompts x {a['samples']} samples per step, max {a['max_new_tokens']} new "
                      f"tokens, lr {a['lr']}; TRL torch threads: {a['trl_threads']}. All figures in "
                      f"`benchmarks/results/vs_trl/{file}`."}
-
-
-# --------------------------------------------------------------------------- arms kept between parts
-
-# The arguments an arm's figures depend on; an arm.json measured under other values is rerun.
-ARM_ARGS = ("job", "quick", "seconds", "target", "prompts", "samples", "max_new_tokens", "lr",
-            "eval_every", "eval_prompts", "override")
-
-
-def arm_args(a: argparse.Namespace) -> dict[str, Any]:
-    return {k: getattr(a, k) for k in ARM_ARGS}
-
-
-def save_arm(folder: Path, a: argparse.Namespace, summary: dict[str, Any], load_start: float) -> None:
-    """Keep a finished arm's figures, the arguments they came from and when and where they ran."""
-    record = {"args": arm_args(a), "summary": summary, "date": time.strftime("%Y-%m-%d %H:%M"),
-              "commit": _commit(), "load_average": [round(load_start, 1), round(os.getloadavg()[0], 1)]}
-    (folder / "arm.json").write_text(json.dumps(record, indent=1))
-
-
-def load_arm(folder: Path, a: argparse.Namespace) -> dict[str, Any] | None:
-    """The arm.json in ``folder`` when it was measured with this run's arguments, else None."""
-    try:
-        record = json.loads((folder / "arm.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return record if record.get("args") == json.loads(json.dumps(arm_args(a))) else None
-
-
-def _commit() -> str:
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    return out.stdout.strip() if out.returncode == 0 else "unknown"
 
 
 # --------------------------------------------------------------------------- runs
