@@ -411,7 +411,7 @@ def write_page(a: argparse.Namespace, results: list[dict[str, Any]], machine: di
     trl_full = [p for p in (results_dir("vs_trl") / "vs_trl.json", *sorted(results_dir("vs_trl").glob("vs_trl_real*.json")))
                 if p.is_file() and not p.stem.endswith(("_smoke", "_quick"))]
     if a.quick and "vs_trl" in names and trl_full:
-        from benchmarks.studies.vs_trl import page_entry
+        from benchmarks.studies.vs_trl_figures import page_entry
 
         i = next((k + 1 for k, r in enumerate(results) if r["name"] == "vs_trl"), len(results))
         results = [*results[:i], *(page_entry(json.loads(p.read_text()), p.name) for p in trl_full), *results[i:]]

@@ -60,6 +60,16 @@ from typing import Any
 
 from benchmarks.harness.paths import ROOT, results_dir
 from benchmarks.studies.vs_trl_arms import load_arm, save_arm
+from benchmarks.studies.vs_trl_figures import (
+    arealite_summary,
+    finish,
+    headlines,
+    plot,
+    report_part,
+    run_key,
+    table,
+    trl_summary,
+)
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -70,37 +80,12 @@ CONFIGS = {"async": ROOT / "configs" / "toy_grpo.yaml", "sync": ROOT / "configs"
 # sync is the job's config with what makes the toy job's sync twin sync
 REAL_CONFIG = ROOT / "configs" / "smollm2_rg_grpo.yaml"
 REAL_SYNC = ["async_training=false", "rollout.max_head_offpolicyness=0"]
-REAL_ASYNC = ["rollout.max_head_offpolicyness=2"]  # eta as the toy comparison's (LABELS)
+REAL_ASYNC = ["rollout.max_head_offpolicyness=2"]  # eta as the toy comparison's (vs_trl_figures.LABELS)
 # TRL's schedule here (cosine to 0.2x), which the toy configs have and the real job's does not
 REAL_SCHEDULE = ["actor.optimizer.lr_scheduler_type=cosine", "actor.optimizer.min_lr_ratio=0.2"]
 SYSTEMS = ("trl", "async", "sync")
-LABELS = {"trl": "TRL GRPOTrainer", "async": "arealite async (eta=2)", "sync": "arealite sync"}
 
 
-def run_key(name: str, seed: int, seeds: list[int]) -> str:
-    """A run's key (and trial folder): the system's name, ``-sN`` added when several seeds run."""
-    return name if len(seeds) == 1 else f"{name}-s{seed}"
-
-
-def split_key(key: str) -> tuple[str, int | None]:
-    """``async-s2`` -> (``async``, 2); ``trl-1t`` -> (``trl-1t``, None)."""
-    head, _, tail = key.rpartition("-s")
-    return (head, int(tail)) if head and tail.isdigit() else (key, None)
-
-
-def label(key: str) -> str:
-    """``trl-2t`` -> ``TRL GRPOTrainer, 2 threads``; arealite's names from LABELS; a seed
-    suffix (``-s2``) -> ``, seed 2``."""
-    name, seed = split_key(key)
-    return _label(name) + ("" if seed is None else f", seed {seed}")
-
-
-def _label(name: str) -> str:
-    if name.startswith("trl-") and name.endswith("t"):
-        n = name[4:-1]
-        return f"{LABELS['trl']}, {n} thread{'' if n == '1' else 's'}"
-    return LABELS.get(name, name)
-TARGET_STEP_RATIO, TARGET_TTA_RATIO = 0.7, 0.5
 # arealite's algorithm choices for this comparison (both arealite runs; ``--override`` wins):
 # TRL's estimator (group mean and std), and PPO's clip taken against the behaviour policy that
 # sampled the tokens, not the decoupled loss's proximal policy. With one optimizer step per batch
@@ -110,7 +95,6 @@ TARGET_STEP_RATIO, TARGET_TTA_RATIO = 0.7, 0.5
 # and 2): first held-out accuracy >= 0.70 at steps 80 and 100, against 200-250 with the main
 # job's choices and 150-240 for TRL. ``docs/benchmarks.md`` has the runs.
 ALGORITHM = ["actor.adv_estimator=grpo", "actor.use_decoupled_loss=false", "actor.recompute_logprob=false"]
-Curve = list[tuple[float, float]]  # (training seconds, held-out accuracy)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -167,213 +151,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if a.seconds <= 0 or not 0 < a.target <= 1 or min(a.prompts, a.samples, a.max_new_tokens, a.eval_every) < 1:
         p.error("--seconds > 0, 0 < --target <= 1, and --prompts/--samples/--max-new-tokens/--eval-every >= 1")
     return a
-
-
-# --------------------------------------------------------------------------- pure figures
-
-
-def time_to_target(curve: Curve, target: float) -> float | None:
-    """Training seconds of the first evaluation at or above ``target`` (None: never reached)."""
-    # accuracies come as float32 means (0.7 arrives as 0.69999998): compare with a tolerance
-    return next((t for t, acc in sorted(curve) if acc >= target - 1e-6), None)
-
-
-def last_below(curve: Curve, target: float) -> float | None:
-    """Training seconds of the last evaluation before the first at or above ``target``: the run
-    crossed the target between it and ``time_to_target``. None when it never reached it, or
-    reached it at its first evaluation."""
-    hit = time_to_target(curve, target)
-    before = [t for t, _ in sorted(curve) if hit is not None and t < hit]
-    return before[-1] if before else None
-
-
-def grid_note(ours_hit: float, theirs_below: float | None) -> str:
-    """Each side is evaluated every ``--eval-every`` of its own steps, so the slower side's
-    evaluations are further apart and its first crossing is seen later: the ratio with the
-    other side at its last evaluation below the target bounds what the grid can hide."""
-    if not theirs_below:
-        return ""
-    return f" [at most {ours_hit / theirs_below:.2f}x with TRL at its last evaluation below the target]"
-
-
-def tta_ratio(ours: dict[str, Any], theirs: dict[str, Any]) -> tuple[float | None, str]:
-    """Time-to-target ratio ours / theirs and how to read it: ``exact``; ``upper bound`` when
-    only ours reached it (theirs would take longer than its whole budget); ``lower bound`` when
-    only theirs did (ours took longer than its whole training time); None when neither did."""
-    a, b = ours.get("tta_s"), theirs.get("tta_s")
-    if a is not None and b is not None:
-        return (a / b if b > 0 else None), "exact"
-    if a is not None and theirs.get("train_s"):
-        return a / theirs["train_s"], "upper bound"
-    if b is not None and b > 0 and ours.get("train_s"):
-        return ours["train_s"] / b, "lower bound"
-    return None, "not reached"
-
-
-def arealite_summary(records: list[dict[str, Any]], target: float) -> dict[str, Any]:
-    """Figures of an arealite run from its metrics.jsonl records."""
-    steps = sorted((r for r in records if r.get("step", 0) >= 1 and "timeperf/step" in r), key=lambda r: r["step"])
-    if not steps:
-        raise ValueError("no step records in the metrics")
-    curve: Curve = [(0.0 if r["step"] == 0 else float(r.get("timeperf/train_elapsed", 0.0)), float(r["eval/accuracy"]))
-                    for r in records if isinstance(r.get("eval/accuracy"), (int, float))]
-    train_s = float(steps[-1]["timeperf/train_elapsed"])
-    n = len(steps)
-    phases = {p: sum(float(r.get(f"timeperf/{p}", 0.0)) for r in steps) / n
-              for p in ("rollout_wait", "logp", "update", "weight_sync")}
-    return finish({"steps": n, "train_s": train_s, "curve": curve, "phases": phases}, target)
-
-
-def trl_summary(result: dict[str, Any], target: float) -> dict[str, Any]:
-    """Figures of the TRL run from ``benchmarks/studies/trl_grpo.py``'s result JSON."""
-    curve: Curve = [(float(t), float(acc)) for _, t, acc in result["curve"]]
-    return finish({"steps": int(result["steps"]), "train_s": float(result["train_s"]), "curve": curve,
-                   "phases": dict(result.get("phases", {}))}, target)
-
-
-def finish(s: dict[str, Any], target: float) -> dict[str, Any]:
-    s["step_s"] = s["train_s"] / s["steps"] if s["steps"] else None
-    s["tta_s"] = time_to_target(s["curve"], target)
-    s["final_acc"] = s["curve"][-1][1] if s["curve"] else None
-    s["best_acc"] = max((acc for _, acc in s["curve"]), default=None)
-    return s
-
-
-def _f(v: Any, spec: str = ".2f") -> str:
-    return "-" if v is None else format(v, spec)
-
-
-def table(runs: dict[str, dict[str, Any]], target: float) -> str:
-    rows = ["| system | steps | training s | s / step | phases (s / step) | initial → final acc (best) "
-            f"| s to {target:.2f} |", "|---|---|---|---|---|---|---|"]
-    for name, s in runs.items():
-        ph = ", ".join(f"{k} {v:.3f}" for k, v in s["phases"].items())
-        acc = f"{_f(s['curve'][0][1] if s['curve'] else None)} → {_f(s['final_acc'])} ({_f(s['best_acc'])})"
-        rows.append(f"| {label(name)} | {s['steps']} | {s['train_s']:.1f} | {_f(s['step_s'], '.3f')} "
-                    f"| {ph} | {acc} | {_f(s['tta_s'], '.1f')} |")
-    return "\n".join(rows)
-
-
-def best_trl(runs: dict[str, dict[str, Any]]) -> tuple[str, str] | None:
-    """TRL at its best among its thread counts: (the fastest per step, the earliest to the
-    target); None without a TRL run."""
-    trls = {k: v for k, v in runs.items() if k == "trl" or k.startswith("trl-")}
-    if not trls:
-        return None
-    fast = min(trls, key=lambda k: trls[k]["step_s"] or float("inf"))
-    first = min(trls, key=lambda k: (trls[k]["tta_s"] is None, trls[k]["tta_s"] or 0.0, -trls[k]["train_s"]))
-    return fast, first
-
-
-def headlines(runs: dict[str, dict[str, Any]], target: float) -> list[str]:
-    """The ratio lines (``... VALUE (target ...)``, read by ``benchmarks/harness/report.py``). With
-    several seeds: each seed's lines (no target), then the means over seeds (the targets)."""
-    seeds = sorted({split_key(k)[1] or 0 for k in runs})
-    by_seed = {seed: {split_key(k)[0]: v for k, v in runs.items() if (split_key(k)[1] or 0) == seed} for seed in seeds}
-    if len(seeds) <= 1:
-        return seed_headlines(runs, target, targets=True) + speedup_lines(by_seed)
-    out = [f"seed {seed}: {line}" for seed in seeds for line in seed_headlines(by_seed[seed], target, targets=False)]
-    return out + mean_headlines(by_seed, target) + speedup_lines(by_seed)
-
-
-def speedup_lines(by_seed: dict[int, dict[str, dict[str, Any]]]) -> list[str]:
-    """arealite's own async speed-up: sync seconds per step / async seconds per step, per seed and
-    of the means, the figure AReaL reports (2.77x on GPUs, where generation dominates the step)."""
-    both = {seed: runs for seed, runs in by_seed.items()
-            if runs.get("async", {}).get("step_s") and runs.get("sync", {}).get("step_s")}
-    if not both:
-        return []
-    out = [("" if len(by_seed) == 1 else f"seed {seed}: ") + "arealite sync / async seconds per step (speed-up of "
-           f"async): {r['sync']['step_s'] / r['async']['step_s']:.2f}x (no target; AReaL reports 2.77x)"
-           for seed, r in sorted(both.items())]
-    if len(both) > 1:
-        ratio = sum(r["sync"]["step_s"] for r in both.values()) / sum(r["async"]["step_s"] for r in both.values())
-        out.append(f"arealite sync / async seconds per step (speed-up of async, mean over seeds "
-                   f"{','.join(map(str, sorted(both)))}): {ratio:.2f}x (no target; AReaL reports 2.77x)")
-    return out
-
-
-def seed_headlines(runs: dict[str, dict[str, Any]], target: float, targets: bool) -> list[str]:
-    """The ratio lines of one seed's runs (keys without a seed suffix)."""
-    best = best_trl(runs)
-    if best is None:
-        return []
-    fast, first = best
-    out = []
-    for name in ("async", "sync"):
-        if name not in runs:
-            continue
-        s, tag = runs[name], "" if name == "async" and targets else " (no target)"
-        trl = runs[fast]
-        if s["step_s"] and trl["step_s"]:
-            line = f"arealite {name} / TRL seconds per step: {s['step_s'] / trl['step_s']:.2f}x"
-            out.append(line + (f" (target <= {TARGET_STEP_RATIO})" if not tag else tag) + f" [{label(fast)}]")
-        trl = runs[first]
-        ratio, how = tta_ratio(s, trl)
-        what = f"arealite {name} / TRL time to {target:.2f} held-out accuracy"
-        if ratio is None:
-            out.append(f"{what}: {how} (arealite {_f(s['tta_s'], '.1f')} s, TRL {_f(trl['tta_s'], '.1f')} s)")
-        else:
-            note = {"upper bound": f" [an upper bound: TRL did not reach it in {trl['train_s']:.0f} s]",
-                    "lower bound": f" [a lower bound: arealite {name} did not reach it in {s['train_s']:.0f} s]",
-                    }.get(how, "")
-            grid = grid_note(s["tta_s"], last_below(trl["curve"], target)) if how == "exact" else ""
-            out.append(f"{what}: {ratio:.2f}x" + (f" (target <= {TARGET_TTA_RATIO})" if not tag else tag)
-                       + note + grid + f" [{label(first)}]")
-    return out
-
-
-def mean_headlines(by_seed: dict[int, dict[str, dict[str, Any]]], target: float) -> list[str]:
-    """Ratios of the means over seeds (TRL at its best in each seed): seconds per step, and
-    time to ``target`` when every run of both sides reached it."""
-    seeds = sorted(by_seed)
-    best = {seed: best_trl(runs) for seed, runs in by_seed.items()}
-    if any(b is None for b in best.values()):
-        return []
-    over = f"(mean over seeds {','.join(map(str, seeds))})"
-    out = []
-    for name in ("async", "sync"):
-        if any(name not in by_seed[seed] for seed in seeds):
-            continue
-        ours = [by_seed[seed][name] for seed in seeds]
-        fast = [by_seed[seed][best[seed][0]] for seed in seeds]
-        first = [by_seed[seed][best[seed][1]] for seed in seeds]
-        targets = name == "async"
-        if all(r["step_s"] for r in ours + fast):
-            ratio = sum(r["step_s"] for r in ours) / sum(r["step_s"] for r in fast)
-            out.append(f"arealite {name} / TRL seconds per step {over}: {ratio:.2f}x"
-                       + (f" (target <= {TARGET_STEP_RATIO})" if targets else " (no target)"))
-        what = f"arealite {name} / TRL time to {target:.2f} held-out accuracy {over}"
-        # a run that never reached the target counts with its whole training time (a bound, as
-        # tta_ratio's): only one side may miss it, and the line says which way the bound goes
-        ours_miss, trl_miss = (any(r["tta_s"] is None for r in rs) for rs in (ours, first))
-        theirs = sum(r["tta_s"] if r["tta_s"] is not None else r["train_s"] for r in first)
-        if (ours_miss and trl_miss) or theirs <= 0:
-            out.append(f"{what}: not reached in every seed (arealite {[_f(r['tta_s'], '.1f') for r in ours]} s, "
-                       f"TRL {[_f(r['tta_s'], '.1f') for r in first]} s)")
-            continue
-        ratio = sum(r["tta_s"] if r["tta_s"] is not None else r["train_s"] for r in ours) / theirs
-        below = [last_below(r["curve"], target) for r in first]
-        note = (" [an upper bound: TRL did not reach it in every seed]" if trl_miss else
-                f" [a lower bound: arealite {name} did not reach it in every seed]" if ours_miss else
-                grid_note(sum(r["tta_s"] for r in ours), sum(below) if all(below) else None))
-        out.append(f"{what}: {ratio:.2f}x" + (f" (target <= {TARGET_TTA_RATIO})" if targets else " (no target)") + note)
-    return out
-
-
-def page_entry(r: dict[str, Any], file: str = "vs_trl.json") -> dict[str, Any]:
-    """A saved full run (``benchmarks/results/vs_trl/<file>``) as a row group of the results page."""
-    from benchmarks.harness.report import parse_figures
-
-    a = r["args"]
-    job = ", SmolLM2 on reasoning-gym (--job real)" if a.get("job") == "real" else ""
-    return {"name": f"vs_trl{job}, last full run ({a['seconds']:.0f} training s each, target {a['target']})",
-            "command": r["command"], "status": f"ran {r['date']}", "seconds": None,
-            "figures": [f.as_dict() for f in parse_figures("vs_trl", "\n".join(r["headlines"]))],
-            "notes": [*r["table"].splitlines(), *r["headlines"]],
-            "about": f"{a['prompts']} prompts x {a['samples']} samples per step, max {a['max_new_tokens']} new "
-                     f"tokens, lr {a['lr']}; TRL torch threads: {a['trl_threads']}. All figures in "
-                     f"`benchmarks/results/vs_trl/{file}`."}
 
 
 # --------------------------------------------------------------------------- runs
@@ -444,40 +221,6 @@ def run_trl(a: argparse.Namespace, model: Path, data: Path, experiment: str, max
         raise SystemExit(f"TRL run failed (exit {code}); last lines of {out / 'console.log'}:\n" + "\n".join(tail))
     print(f"   done in {time.monotonic() - t0:.0f}s (log: {out / 'console.log'})", flush=True)
     return trl_summary(json.loads((out / "result.json").read_text()), a.target)
-
-
-def report_part(runs: dict[str, dict[str, Any]], keys: list[str], left: list[str], target: float) -> None:
-    """What a part of a run has so far: the table of its finished arms, and the ratio lines of
-    the seeds whose every arm is finished (no results file: that is written by the whole run)."""
-    done = [k for k in keys if k in runs]
-    if not done:
-        return
-    print(table({k: runs[k] for k in done}, target) + "\n")
-    whole = {split_key(k)[1] for k in done} - {split_key(k)[1] for k in left}
-    for seed in sorted(s for s in whole if s is not None):
-        seed_runs = {split_key(k)[0]: runs[k] for k in done if split_key(k)[1] == seed}
-        for line in seed_headlines(seed_runs, target, targets=False) + speedup_lines({seed: seed_runs}):
-            print(f"seed {seed}: {line}")
-
-
-def plot(runs: dict[str, dict[str, Any]], target: float, png: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    try:
-        for name, s in runs.items():
-            ax.plot([t for t, _ in s["curve"]], [acc for _, acc in s["curve"]], marker=".", label=label(name))
-        ax.axhline(target, color="grey", ls="--", lw=0.8)
-        ax.set_xlabel("training seconds (evaluations excluded)")
-        ax.set_ylabel("held-out greedy accuracy")
-        ax.grid(alpha=0.3)
-        ax.legend()
-        fig.savefig(png, dpi=100, bbox_inches="tight")
-    finally:
-        plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:
