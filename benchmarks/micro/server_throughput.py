@@ -236,11 +236,12 @@ def model_tag(model_path: str | None) -> str:
     return "tiny" if model_path is None else Path(model_path).name
 
 
-def _kept_entry(name: str, r: dict, notes: list[str], about: str) -> dict:
-    """A kept run (its ``headlines`` carry the targets) as a row group of docs/benchmarks.md."""
+def _kept_entry(title: str, what: str, r: dict, notes: list[str], about: str) -> dict:
+    """A kept run (its ``headlines`` carry the targets) as a row group of docs/benchmarks.md,
+    named ``TITLE (WHAT, ran DATE)``."""
     from benchmarks.harness.report import parse_figures
 
-    return {"name": f"{name}, ran {r['date'][:10]})", "command": r["command"], "status": f"ran {r['date']}",
+    return {"name": f"{title} ({what}, ran {r['date'][:10]})", "command": r["command"], "status": f"ran {r['date']}",
             "seconds": None, "notes": notes, "about": about,
             "figures": [f.as_dict() for f in parse_figures("server_throughput", "\n".join(r["headlines"]))]}
 
@@ -256,7 +257,7 @@ def page_entry(r: dict) -> dict:
              f"the `--model-path` model `{r['model_tag']}` (vocabulary {r['vocab']}; SmolLM2-135M-"
              "Instruct is `arealite.demo.smollm2.import_smollm2(DIR)`)")
     return _kept_entry(
-        f"server_throughput, mixed constrained ({r['model_tag']}, {r['pairs']} pairs", r, r["headlines"],
+        "server_throughput, mixed constrained", f"{r['model_tag']}, {r['pairs']} pairs", r, r["headlines"],
         f"Unconstrained requests' throughput with every other request of the batch "
         f"regex-constrained, against the same requests all unconstrained "
         f"({r['requests']} requests, up to {r['max_new_tokens']} new tokens, pairs in "
@@ -268,7 +269,7 @@ def rows_entry(r: dict) -> dict:
     """A kept ``--rows`` run (the job's own requests) as a row group of docs/benchmarks.md
     (benchmarks.harness.run_all adds one per ``rows_*.json``)."""
     return _kept_entry(
-        f"server_throughput on the job's requests ({r['model_tag']}, {r['requests']} requests", r, r["lines"],
+        "server_throughput on the job's requests", f"{r['model_tag']}, {r['requests']} requests", r, r["lines"],
         f"The real-model job's prompts ({r['rows']}, each {r['group']} times as a GRPO "
         f"group, {r['max_new_tokens']} new tokens each) on `{r['model_tag']}`, best of "
         f"{r['rounds']} rounds per method, one torch thread each; load average {_load(r)} on "
