@@ -1,9 +1,10 @@
 """GRPO: ``torchrun --nproc-per-node K -m arealite.trainer.grpo CONFIG [key=value ...]``.
 
 One step: rollout -> recompute logp -> ref logp (-> critic values) -> advantages -> ppo_update
-(-> critic update) -> pause, upload and update weights, resume, version + 1 -> save / evaluate /
-log / recovery checkpoint. The run ends after ``total_train_steps`` or, with
-``total_train_seconds``, after the step that uses up the budget (evaluations excluded).
+(-> critic update) -> pause, upload and update weights, resume, version + 1 (-> consistency
+gate, when due) -> save / evaluate / log / recovery checkpoint. The run ends after
+``total_train_steps`` or, with ``total_train_seconds``, after the step that uses up the budget
+(evaluations excluded).
 Evaluation (``evaluator.eval_fn`` or mean greedy reward) runs with no training episode in flight
 and is timed as ``timeperf/eval``. The engines and the phases of a step are
 ``trainer/rl_engines.py``'s; recovery and what follows a step, ``trainer/rl_run.py``'s. Server
@@ -21,6 +22,7 @@ from arealite.api.config.experiment import GRPOConfig
 from arealite.trainer.common import config_from_argv, dist_info, setup_logging
 from arealite.trainer.rl_engines import (
     build_rl_engines,
+    gate_after_push,
     ppo_update,
     prepare_logp_and_advantages,
     rollout_batch,
@@ -44,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         prepare_logp_and_advantages(engines, batch)  # recomputed, ref (, critic values)
         stats = ppo_update(engines, batch)  # actor (, critic)
         sync_weights(engines, version=step + 1)  # pause, push, resume
+        gate_after_push(engines, version=step + 1)  # when due: servers' log-probs vs the trainer's
         # save, evaluate, log, recovery checkpoint; True once the time budget is used up
         if run.after_step(engines, step, batch, stats):
             break

@@ -7,7 +7,8 @@ workflows, the weight-update channel and the per-step switches (dynamic sampling
 phases). One version clock per rank: the rollout client's, shared by the other two.
 
 A step: ``rollout_batch`` -> ``prepare_logp_and_advantages`` -> ``ppo_update`` ->
-``sync_weights``, timed as ``timeperf/rollout_wait``, ``logp``, ``update``, ``weight_sync``.
+``sync_weights`` (-> ``gate_after_push``), timed as ``timeperf/rollout_wait``, ``logp``,
+``update``, ``weight_sync`` (, ``consistency_gate``).
 Async (``prepare_batch``, trajectories at most ``max_head_offpolicyness`` versions old) and sync
 (``rollout_batch``) differ in the rollout phase only; ``launcher.colocate`` adds the switches of
 ``trainer/colocate.py`` around the phases.
@@ -232,15 +233,19 @@ def ppo_update(e: RLEngines, batch: dict[str, Any]) -> dict[str, float]:
 
 
 def sync_weights(e: RLEngines, version: int) -> None:
-    """Pause the rollout, push the new weights as ``version``, resume; then the consistency
-    gate when it is due (its own phase, ``timeperf/consistency_gate``)."""
+    """Pause the rollout, push the new weights as ``version``, resume."""
     with timer("weight_sync"):
         if e.colocated is not None:  # the servers get their memory back first
             e.colocated.resume()
         e.rollout.pause()
         push_to_servers(e, version)
         e.rollout.resume()
-    if e.gate is not None and e.gate.due_after_push():  # timed apart from the push
+
+
+def gate_after_push(e: RLEngines, version: int) -> None:
+    """The consistency gate, when it is due after this push (every ``consistency_gate.every``
+    pushes): a phase of its own, timed apart from the push as ``timeperf/consistency_gate``."""
+    if e.gate is not None and e.gate.due_after_push():
         check_consistency(e, version)
 
 

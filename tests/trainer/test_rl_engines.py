@@ -5,15 +5,20 @@ from __future__ import annotations
 
 import pytest
 
+from arealite.api.config.rollout import GenerationHyperparameters
+from arealite.api.config.weights import ConsistencyGateConfig
 from arealite.api.trajectory import concat_padded_tensors
 from arealite.rollout.dynamic_sampling import GroupRewardFilter
+from arealite.trainer import rl_engines
 from arealite.trainer.rl_engines import (
     eval_rollout_config,
+    gate_after_push,
     ppo_update,
     prepare_logp_and_advantages,
     rollout_batch,
     sync_weights,
 )
+from arealite.weights.consistency_gate import ConsistencyGate
 from tests.support.fake_rl_engines import (
     FakeActor,
     FakeRollout,
@@ -110,3 +115,20 @@ def test_the_evaluation_client_runs_every_held_out_prompt_at_once(tmp_path):
     assert eval_rollout_config(grpo_config(tmp_path, "evaluator.max_prompts=50"), 200).max_concurrent_rollouts == 50
     assert eval_rollout_config(grpo_config(tmp_path, "evaluator.max_concurrent=16"), 200).max_concurrent_rollouts == 16
     assert eval_rollout_config(config, 0).max_concurrent_rollouts == 1  # no held-out set: still valid
+
+
+def test_the_consistency_gate_is_a_phase_of_its_own_after_every_nth_push(tmp_path, monkeypatch):
+    calls: list[tuple] = []
+    e = fake_engines(grpo_config(tmp_path), calls)
+    checked: list[int] = []
+    monkeypatch.setattr(rl_engines, "check_consistency", lambda e, version: checked.append(version))
+    e.gate = ConsistencyGate(ConsistencyGateConfig(every=2), [[1, 2]], GenerationHyperparameters(),
+                             1.0, 0)
+    for version in (1, 2, 3, 4):
+        sync_weights(e, version)
+        assert len(checked) == (version - 1) // 2  # the push alone never checks
+        gate_after_push(e, version)
+    assert checked == [2, 4]
+    e.gate = None  # the gate off: the phase does nothing
+    gate_after_push(e, 5)
+    assert checked == [2, 4]
