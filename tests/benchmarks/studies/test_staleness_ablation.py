@@ -185,11 +185,14 @@ def test_report_counts_only_the_seeds_every_arm_finished(tmp_path, capsys):
     assert "seeds [1, 2]" in capsys.readouterr().out
 
 
-def test_one_seed_variant_file_gives_no_page_figure(tmp_path):
+def test_one_seed_variant_file_gives_no_page_entry(tmp_path):
     a = staleness_ablation.parse_args(["--seeds", "5", "--arms", "capped", "--results-dir",
                                        str(tmp_path), "--variant", "capped:actor.behav_imp_weight_cap=2"])
     res = staleness_ablation.report(a, _runs({"sync": [0.9], "capped": [0.1]}), "_sync-capped")
-    assert run_all.ablation_full_entry(res)["figures"] == []
+    assert run_all.ablation_full_entry(res) is None  # a smoke run: no row without a figure
+    a.seeds = [5, 6]
+    res = staleness_ablation.report(a, _runs({"sync": [0.9, 0.8], "capped": [0.1, 0.2]}), "_sync-capped")
+    assert [f["value"] for f in run_all.ablation_full_entry(res)["figures"]] == [f"{0.3 / 1.7:.3f}"]
 
 
 def test_each_eta_minibatch_and_step_count_gets_its_own_results_file(tmp_path):
@@ -233,3 +236,4 @@ def test_results_page_entry_of_a_sync_decoupled_file(tmp_path):
     assert "1 minibatches" in entry["name"] and entry["figures"][0]["met"] is True
     # no naive arm and no variant: the text starts with the behaviour KL sentence
     assert entry["about"].startswith("Behaviour KL") and "Naive PPO" not in entry["about"]
+
