@@ -14,7 +14,7 @@ from tests.support.procs import log_tail, spawn
 
 ROOT = Path(__file__).parents[2]
 ETA = 2
-STEPS = 90
+STEPS = 120
 
 
 def _metrics(path: Path) -> list[dict]:
@@ -27,10 +27,10 @@ def test_short_main_job(tmp_path, toy_assets):
     (tmp_path / "assets").symlink_to(toy_assets)  # the session's SFT warm start, built once
     cmd = [
         sys.executable, "-m", "arealite.cli.main", "main-job", f"cluster.fileroot={tmp_path}",
-        f"total_train_steps={STEPS}", "evaluator.freq_steps=45", "trial_name=e2e",
+        f"total_train_steps={STEPS}", "evaluator.freq_steps=30", "trial_name=e2e",
         f"rollout.max_head_offpolicyness={ETA}",
-        # the main job's cosine spans its 374 steps; cut to 90 it decays to 0.2x by the end and
-        # learns less (0.34 -> 0.44 once in CI): hold the lr of the main job's first 90 steps
+        # the main job's cosine spans its 374 steps; cut short it decays to 0.2x by the end and
+        # learns less (0.34 -> 0.44 once in CI): hold the lr of the main job's first steps
         "actor.optimizer.lr_scheduler_type=constant",
     ]
     with spawn(cmd) as (proc, log):
@@ -57,15 +57,19 @@ def test_short_main_job(tmp_path, toy_assets):
     assert first["logprob_agreement/max_abs_diff"] < 5e-5
     assert abs(first["approx_kl/avg"]) < 1e-6
 
-    # Learning: greedy held-out accuracy rises (0.535 after SFT; 0.665 at step 90 in two runs,
-    # 0.685 in the full job: the paired difference over 200 prompts has a standard error of
-    # ~0.035, so +0.05 is the bar) and the sampled training reward of the last third beats the
-    # first third (0.215 -> 0.306 and 0.211 -> 0.322 in those runs). The bar is on the mean of
-    # the evaluations after SFT, not the last alone: an async run on a loaded machine trains on
-    # other samples each time, and one CI run went 0.535 -> 0.635 (step 45) -> 0.58 (step 90).
-    evals = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
-    after = evals[1:]
-    assert after and sum(after) / len(after) > evals[0] + 0.05, evals
+    # Learning: greedy held-out accuracy rises over the SFT start (0.535; 200 prompts, so one
+    # evaluation's paired difference has a standard error of ~0.035 and +0.05 is the bar), and
+    # the sampled training reward of the last third beats the first third. The bar is on the
+    # mean of the evaluations of the run's second half (steps 60, 90, 120): the first ones can
+    # dip below the start while the sampled reward already rises (0.425 at step 45 in one CI
+    # run; 0.415-0.475 at steps 20-40 in 7 of 27 runs here), and one evaluation alone moves by
+    # +-0.05 from run to run (step 90: 0.58-0.71). Measured on 14 runs with evaluations every 30
+    # steps, two at a time on 2 cores (2026-11-28; 6 of them ran on to step 150): that mean was
+    # 0.632-0.697 (mean 0.659, sd 0.017); in the 8 runs of exactly this command the sampled
+    # reward went 0.22-0.25 (first third) -> 0.32-0.36 (last third).
+    evals = {r["step"]: r["eval/accuracy"] for r in rows if "eval/accuracy" in r}
+    second_half = [a for step, a in evals.items() if step >= STEPS // 2]
+    assert len(second_half) == 3 and sum(second_half) / len(second_half) > evals[0] + 0.05, evals
     third = STEPS // 3
     early = sum(r["reward"] for r in steps[:third]) / third
     late = sum(r["reward"] for r in steps[-third:]) / third
