@@ -435,9 +435,10 @@ class RemoteInferenceEngine(RolloutControl):
             self.pool.mark_unhealthy(a, f"weight update to v{meta.version} failed: {r}")
         if report.failed:
             logger.error("weight update v%d: servers taken out: %s", meta.version, report.failed)
-        self._last_disk = transport.disk_copy(meta) or self._last_disk  # for re-admissions
+        disk = transport.disk_copy(meta)
+        self._last_disk = disk or self._last_disk  # for re-admissions
         if meta.verify:
-            await self.verifier.after_update(self._sessions.get(), report, meta)
+            await self.verifier.after_update(self._sessions.get(), report, meta, disk is not None)
         self.last_weight_update = report
         self.set_version(meta.version)
 

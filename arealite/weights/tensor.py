@@ -37,10 +37,10 @@ from torch.distributed.tensor import DTensor
 from arealite.api.config.weights import WeightUpdateConfig
 from arealite.api.io_struct import WeightUpdateError, WeightUpdateMeta
 from arealite.utils.sync_http import admin_headers, post_json
-from arealite.weights.checksum import dtype_name, tensor_checksum
 from arealite.weights.shared_tensors import release_payload_refs, serialize_named_tensors
 from arealite.weights.transport import TrainerSide, WeightTransport
 from arealite.weights.upload import WeightUploadError, _check_abort, _gather, param_specs
+from arealite.weights.verify import dtype_name, tensor_checksum
 
 if TYPE_CHECKING:
     from arealite.weights.fanout import WeightSync

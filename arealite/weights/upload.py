@@ -37,7 +37,7 @@ from arealite.api.io_struct import ParamSpec, WeightUpdateMeta
 from arealite.backends.vllm.weight_send import VLLMSender
 from arealite.utils.distributed import destroy_custom_process_group, init_custom_process_group
 from arealite.utils.fsdp import full_tensor
-from arealite.weights.checksum import dtype_name, tensor_checksum
+from arealite.weights.verify import dtype_name, tensor_checksum
 
 logger = logging.getLogger("arealite.weights.upload")
 T = TypeVar("T")

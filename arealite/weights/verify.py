@@ -4,23 +4,44 @@ computed for what it sent (``meta.checksums``: name -> (dtype, checksum), in the
 server holds). Only tensors both sides hashed the same way are compared: same name, same dtype,
 and a server that says it hashes with ``sha256-64`` (real SGLang on GPUs hashes with its own
 kernel under fused names: it answers "not verifiable", logged, never a mismatch).
+
+Both sides of the proof live here: the checksum the trainer computes as it sends
+(``tensor_checksum``, per tensor, as a server's ``/weights_checker`` computes it: the first 8
+bytes of SHA-256 over the tensor's raw bytes, as 16 hex digits, SGLang's CPU ``_hash_tensor``; a
+hash of the bytes changes with any single changed element in any dtype, and the trainer hashes
+each tensor in the dtype the server holds it in), and the client's comparison after the update.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from typing import Any
 
 import aiohttp
+import torch
 
 from arealite.api.io_struct import WeightUpdateMeta
 from arealite.utils.http import call_json, describe_error
-from arealite.weights.checksum import HASH_NAME
-from arealite.weights.table import transport_for
 
 logger = logging.getLogger("arealite.weights.verify")
+
+HASH_NAME = "sha256-64"  # what a server that hashes this way reports in "hash"
+
+
+def tensor_checksum(t: torch.Tensor, dtype: torch.dtype | None = None) -> str:
+    """Checksum of ``t`` cast to ``dtype`` (its own when None); a CUDA tensor is copied to CPU."""
+    t = t.detach()
+    if dtype is not None and t.dtype != dtype:
+        t = t.to(dtype)  # round-to-nearest-even, the same cast a server applies on load
+    t = t.contiguous().cpu()
+    return hashlib.sha256(memoryview(t.reshape(-1).view(torch.uint8).numpy())).digest()[:8].hex()
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 class WeightVerificationError(RuntimeError):
@@ -105,7 +126,10 @@ class WeightVerifier:
         return await verify(session, addrs, meta, min(self.timeout, meta.timeout), self.headers)
 
     async def after_update(self, session: aiohttp.ClientSession, report: Any,
-                           meta: WeightUpdateMeta) -> None:
+                           meta: WeightUpdateMeta, on_disk: bool) -> None:
+        """Check the servers ``report`` updated; a mismatch re-syncs from disk when the update
+        left the weights there (``on_disk``: the transport's ``disk_copy``), else through the
+        trainer (``report.resync``)."""
         t0 = time.monotonic()
         bad = await self.check(session, report.updated, meta)
         for a, why in bad.items():
@@ -113,7 +137,7 @@ class WeightVerifier:
             self.pool.mark_unhealthy(a, f"weights differ from the trainer's after v{meta.version}")
             logger.error("WEIGHT MISMATCH: server %s does not hold the trainer's weights v%d "
                          "(%s); taken out of the pool and re-synced", a, meta.version, why)
-        if bad and transport_for(meta).disk_copy(meta) is not None:  # reload it from there
+        if bad and on_disk:  # reload it from there
             await self._resync_from_disk(session, list(bad), meta)
         elif bad:
             report.resync = list(bad)

@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from arealite.weights.checksum import tensor_checksum
+from arealite.weights.verify import tensor_checksum
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 

@@ -100,8 +100,8 @@ def test_bf16_logprobs_match_transformers_on_the_same_tokens(server, model_dir):
 def test_cuda_ipc_push_lands_exactly(server, model_dir):
     from transformers import AutoModelForCausalLM
 
-    from arealite.weights.checksum import tensor_checksum
     from arealite.weights.shared_tensors import serialize_named_tensors
+    from arealite.weights.verify import tensor_checksum
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).cuda()
     g = torch.Generator(device="cuda").manual_seed(0)

@@ -145,10 +145,11 @@ def test_a_checksum_mismatch_after_a_broadcast_is_resent_and_verified(pool, acto
     _train_step(actor, seed=53)
     real = eng.verifier.after_update
 
-    async def corrupted_then_verified(session, report, meta):
+    async def corrupted_then_verified(session, report, meta, on_disk):
+        assert not on_disk  # a broadcast leaves no copy: the re-sync goes through the trainer
         shape = dict(actor.model.named_parameters())["model.norm.weight"].shape
         corrupt(b, "model.norm.weight", torch.zeros(shape))
-        await real(session, report, meta)
+        await real(session, report, meta, on_disk)
 
     eng.verifier.after_update = corrupted_then_verified
     with caplog.at_level(logging.WARNING):

@@ -13,9 +13,8 @@ import pytest
 import torch
 
 from arealite.api.io_struct import WeightUpdateMeta
-from arealite.weights.checksum import dtype_name, tensor_checksum
 from arealite.weights.shared_tensors import serialize_named_tensors
-from arealite.weights.verify import WeightVerificationError
+from arealite.weights.verify import WeightVerificationError, dtype_name, tensor_checksum
 from tests.rollout.test_remote_engine_integration import (
     make_engine,
     perturbed_state,
@@ -86,9 +85,10 @@ def test_corrupted_server_is_resynced_and_readmitted(two_servers, tiny_model_dir
         bad = two_servers[1]
         real = eng.verifier.after_update
 
-        async def corrupted_then_verified(session, report, m):
+        async def corrupted_then_verified(session, report, m, on_disk):
+            assert on_disk  # the disk update's folder: the re-sync reloads from it
             corrupt(bad, "model.norm.weight", state["model.norm.weight"] + 1e-3)
-            await real(session, report, m)
+            await real(session, report, m, on_disk)
 
         eng.verifier.after_update = corrupted_then_verified
         with caplog.at_level(logging.WARNING):

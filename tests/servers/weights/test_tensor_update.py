@@ -20,8 +20,8 @@ import pytest
 import requests
 import torch
 
-from arealite.weights.checksum import tensor_checksum
 from arealite.weights.shared_tensors import serialize_flattened_bucket, serialize_named_tensors
+from arealite.weights.verify import tensor_checksum
 from tests.support.procs import spawn
 
 pytestmark = pytest.mark.integration
