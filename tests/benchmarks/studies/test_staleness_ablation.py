@@ -236,4 +236,3 @@ def test_results_page_entry_of_a_sync_decoupled_file(tmp_path):
     assert "1 minibatches" in entry["name"] and entry["figures"][0]["met"] is True
     # no naive arm and no variant: the text starts with the behaviour KL sentence
     assert entry["about"].startswith("Behaviour KL") and "Naive PPO" not in entry["about"]
-
