@@ -35,8 +35,11 @@ for time to target accuracy (target <= 0.5); with several seeds, each seed's rat
 ratios of the means over seeds (which carry the targets: the first crossing of a noisy held-out
 curve moves by ~60% from seed to seed, on both sides). Each side is evaluated every
 ``--eval-every`` of its own steps, so the side with slower steps sees its crossing later; a time
-ratio comes with its bound from the grid (TRL at its last evaluation below the target). Writes
-``benchmarks/results/vs_trl/vs_trl[_TAG].json`` and a PNG of the accuracy curves.
+ratio comes with its bound from the grid (TRL at its last evaluation below the target). With
+several seeds, also the time to the target on the seeds' mean curves (no target on that line:
+when the average run holds the target, where a first crossing also counts a run that touches it
+once and falls back). Writes ``benchmarks/results/vs_trl/vs_trl[_TAG].json`` (dated when its
+last arm finished) and a PNG of the accuracy curves.
 
 A run longer than one sitting goes in parts: ``--max-arms N`` runs at most N arms (one system,
 one seed) and exits 3 naming what is left; the same command with ``--resume`` reuses every arm
@@ -273,7 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     stem = "vs_trl" + ("_real" if a.job == "real" else "") + (f"_{tag}" if tag else "")
     command = " ".join(["python -m benchmarks.studies.vs_trl", *(sys.argv[1:] if argv is None else argv)])
     (RESULTS / f"{stem}.json").write_text(json.dumps(
-        {"command": command.strip(), "date": time.strftime("%Y-%m-%d %H:%M"), "args": vars(a), "runs": runs,
+        # dated when its last arm finished (a run in parts reports long after its first arms)
+        {"command": command.strip(), "date": max(r["date"] for r in arm_records.values()), "args": vars(a), "runs": runs,
          "arms": arm_records,
          "table": table(runs, a.target), "headlines": headlines(runs, a.target)}, indent=1))
     plot(runs, a.target, RESULTS / f"{stem}.png")

@@ -1,8 +1,8 @@
 """The figures of a vs_trl run (``benchmarks/studies/vs_trl.py``), pure functions of the arms'
 summaries: an arm's key and label, time to the target accuracy and its evaluation-grid bound,
-the arealite / TRL ratios per seed and of the means over seeds, the table, the headline lines
-the results page reads (``benchmarks/harness/report.py``), the page entry, a part's report and
-the accuracy plot."""
+the arealite / TRL ratios per seed, of the means over seeds and on the seeds' mean curves, the
+table, the headline lines the results page reads (``benchmarks/harness/report.py``), the page
+entry, a part's report and the accuracy plot."""
 
 from __future__ import annotations
 
@@ -140,7 +140,7 @@ def headlines(runs: dict[str, dict[str, Any]], target: float) -> list[str]:
     if len(seeds) <= 1:
         return seed_headlines(runs, target, targets=True) + speedup_lines(by_seed)
     out = [f"seed {seed}: {line}" for seed in seeds for line in seed_headlines(by_seed[seed], target, targets=False)]
-    return out + mean_headlines(by_seed, target) + speedup_lines(by_seed)
+    return out + mean_headlines(by_seed, target) + mean_curve_headlines(by_seed, target) + speedup_lines(by_seed)
 
 
 def speedup_lines(by_seed: dict[int, dict[str, dict[str, Any]]]) -> list[str]:
@@ -225,6 +225,76 @@ def mean_headlines(by_seed: dict[int, dict[str, dict[str, Any]]], target: float)
                 f" [a lower bound: arealite {name} did not reach it in every seed]" if ours_miss else
                 grid_note(sum(r["tta_s"] for r in ours), sum(below) if all(below) else None))
         out.append(f"{what}: {ratio:.2f}x" + (f" (target <= {TARGET_TTA_RATIO})" if targets else " (no target)") + note)
+    return out
+
+
+def curve_at(curve: Curve, t: float) -> float:
+    """The held-out accuracy at training second ``t``, linear between evaluations (``t`` within
+    the curve's span)."""
+    pts = sorted(curve)
+    for (t0, a0), (t1, a1) in zip(pts, pts[1:]):
+        if t0 <= t <= t1:
+            return a1 if t1 == t0 else a0 + (a1 - a0) * (t - t0) / (t1 - t0)
+    if pts and t == pts[0][0]:
+        return pts[0][1]
+    raise ValueError(f"{t} s is outside the curve's evaluations ({pts[0][0]}-{pts[-1][0]} s)")
+
+
+def mean_curve(curves: list[Curve]) -> Curve:
+    """The seeds' held-out accuracy averaged at each training second, each seed's curve linear
+    between its evaluations, up to the shortest run's last evaluation. Given at every seed's
+    evaluation times (where the mean can bend), so it is exact between them too."""
+    end = min(max(t for t, _ in c) for c in curves)
+    times = sorted({t for c in curves for t, _ in c if t <= end})
+    return [(t, sum(curve_at(c, t) for c in curves) / len(curves)) for t in times]
+
+
+def crossing(curve: Curve, target: float) -> float | None:
+    """The first training second at which ``curve``, linear between its points, reaches
+    ``target`` (None: never)."""
+    pts = sorted(curve)
+    if pts and pts[0][1] >= target - 1e-6:
+        return pts[0][0]
+    for (t0, a0), (t1, a1) in zip(pts, pts[1:]):
+        if a1 >= target - 1e-6:
+            return t0 + (t1 - t0) * (target - a0) / (a1 - a0)
+    return None
+
+
+def mean_curve_headlines(by_seed: dict[int, dict[str, dict[str, Any]]], target: float) -> list[str]:
+    """Time to ``target`` on the seeds' mean curves (``mean_curve``), arealite / TRL: when the
+    average run reaches it. The mean of the first crossings (``mean_headlines``) counts a run
+    that touches the target for one evaluation and falls back as reaching it; this counts the
+    accuracy a run holds. When TRL's mean curve never reaches the target, the ratio is an upper
+    bound, and the line adds the time each side's mean curve takes to TRL's mean-curve best."""
+    seeds = sorted(by_seed)
+    best = {seed: best_trl(runs) for seed, runs in by_seed.items()}
+    if len(seeds) < 2 or any(b is None for b in best.values()):
+        return []
+    trl = mean_curve([by_seed[seed][best[seed][1]]["curve"] for seed in seeds])
+    trl_hit, trl_end = crossing(trl, target), trl[-1][0]
+    peak_t, peak = max(trl, key=lambda p: (p[1], -p[0]))
+    out = []
+    for name in ("async", "sync"):
+        if any(name not in by_seed[seed] for seed in seeds):
+            continue
+        ours = mean_curve([by_seed[seed][name]["curve"] for seed in seeds])
+        hit = crossing(ours, target)
+        what = (f"arealite {name} / TRL time to {target:.2f} held-out accuracy on the mean curve over seeds "
+                f"{','.join(map(str, seeds))}")
+        if hit is None:
+            out.append(f"{what}: not reached by arealite {name}'s mean curve in {ours[-1][0]:.0f} s "
+                       f"(TRL's: {_f(trl_hit, '.0f')} s)")
+            continue
+        if trl_hit is not None:
+            out.append(f"{what}: {hit / trl_hit:.2f}x (no target) [{hit:.0f} s against {trl_hit:.0f} s]"
+                       if trl_hit > 0 else f"{what}: both at once")
+            continue
+        to_peak = crossing(ours, peak)
+        peak_note = (f"; arealite {name}'s reaches that best at {to_peak:.0f} s: {to_peak / peak_t:.2f}x"
+                     if to_peak is not None and peak_t > 0 else "")
+        out.append(f"{what}: {hit / trl_end:.2f}x (no target) [an upper bound: TRL's mean curve did not reach "
+                   f"it in {trl_end:.0f} s, its best {peak:.3f} at {peak_t:.0f} s{peak_note}]")
     return out
 
 

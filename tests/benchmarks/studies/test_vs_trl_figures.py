@@ -92,6 +92,10 @@ def test_several_seeds_report_each_seed_and_the_means():
         return vs_trl_figures.finish({"steps": 10, "train_s": 10 * step_s, "phases": {},
                               "curve": [(0.0, 0.3), (tta, 0.8)] if tta else [(0.0, 0.3)]}, 0.8)
 
+    def mean_line(runs):
+        return next(x for x in vs_trl_figures.headlines(runs, 0.8)
+                    if x.startswith("arealite async / TRL time to 0.80 held-out accuracy (mean"))
+
     runs = {"trl-1t-s1": trl(2.0, 20.0), "async-s1": trl(1.0, 8.0),
             "trl-1t-s2": trl(2.0, 40.0), "async-s2": trl(1.0, 22.0)}
     lines = vs_trl_figures.headlines(runs, 0.8)
@@ -104,13 +108,13 @@ def test_several_seeds_report_each_seed_and_the_means():
     assert (mean.value, mean.met) == ("0.50x", True)  # (8 + 22) / (20 + 40)
     assert figs["arealite async / TRL seconds per step (mean over seeds 1,2)"].value == "0.50x"
     runs["async-s2"] = trl(1.0, None)  # ours missed it in one seed: its whole 10 s counts, a lower bound
-    last = vs_trl_figures.headlines(runs, 0.8)[-1]
+    last = mean_line(runs)
     assert last.endswith("0.30x (target <= 0.5) [a lower bound: arealite async did not reach it in every seed]")
     runs["async-s2"], runs["trl-1t-s1"] = trl(1.0, 22.0), trl(2.0, None)  # TRL missed it: an upper bound
-    last = vs_trl_figures.headlines(runs, 0.8)[-1]
+    last = mean_line(runs)
     assert last.endswith("0.50x (target <= 0.5) [an upper bound: TRL did not reach it in every seed]")
     runs["async-s2"] = trl(1.0, None)  # both sides missed it in some seed: no figure
-    last = vs_trl_figures.headlines(runs, 0.8)[-1]
+    last = mean_line(runs)
     assert "not reached in every seed" in last and not parse_figures("vs_trl", last)
     assert "| arealite async (eta=2), seed 2 |" in vs_trl_figures.table(runs, 0.8)
 
@@ -167,3 +171,76 @@ def test_the_best_trl_run_is_the_fastest_per_step_and_the_first_to_the_target():
     assert lines[0].startswith("arealite async / TRL seconds per step: 0.25x") and "2 threads" in lines[0]
     assert lines[1].startswith("arealite async / TRL time to 0.70 held-out accuracy: 0.25x") and "1 thread]" in lines[1]
     assert vs_trl_figures.label("trl-2t") == "TRL GRPOTrainer, 2 threads" and "| TRL GRPOTrainer, 1 thread |" in vs_trl_figures.table(runs, 0.7)
+
+
+def _slow_mean_crossing(curves, target, dt=0.01):
+    """The reference: every seed's accuracy stepped through in ``dt`` seconds (linear between
+    its evaluations by hand), averaged, and the first time the average reaches ``target``."""
+    end = min(c[-1][0] for c in curves)
+    t = 0.0
+    while t <= end + 1e-9:
+        accs = []
+        for c in curves:
+            i = max(j for j in range(len(c)) if c[j][0] <= t + 1e-12)
+            if i == len(c) - 1:
+                accs.append(c[i][1])
+            else:
+                (t0, a0), (t1, a1) = c[i], c[i + 1]
+                accs.append(a0 + (a1 - a0) * (t - t0) / (t1 - t0))
+        if sum(accs) / len(accs) >= target - 1e-6:
+            return t
+        t += dt
+    return None
+
+
+def test_the_mean_curve_crossing_matches_a_stepped_reference():
+    """Seeds evaluated on different grids: the mean curve (exact at every seed's evaluation
+    times) reaches the target where averaging the seeds second by second first does."""
+    import random
+
+    rng = random.Random(0)
+    for _ in range(20):
+        curves = []
+        for _seed in range(3):
+            t, c = 0.0, [(0.0, 0.1)]
+            while t < 60.0:
+                t += rng.uniform(3.0, 12.0)
+                c.append((t, min(1.0, max(0.0, c[-1][1] + rng.uniform(-0.05, 0.1)))))
+            curves.append(c)
+        target = rng.uniform(0.15, 0.4)
+        fast = vs_trl_figures.crossing(vs_trl_figures.mean_curve(curves), target)
+        slow = _slow_mean_crossing(curves, target)
+        assert (fast is None) == (slow is None)
+        if fast is not None:
+            assert abs(fast - slow) <= 0.011
+    mean = vs_trl_figures.mean_curve([[(0.0, 0.2), (10.0, 0.4)], [(0.0, 0.0), (5.0, 0.2), (8.0, 0.0)]])
+    # up to the shorter run's end, 8 s: (0.36 + 0.0) / 2 there
+    assert mean == [(0.0, pytest.approx(0.1)), (5.0, pytest.approx(0.25)), (8.0, pytest.approx(0.18))]
+    with pytest.raises(ValueError, match="outside"):
+        vs_trl_figures.curve_at([(0.0, 0.1), (5.0, 0.2)], 6.0)
+
+
+def test_mean_curve_lines_bound_the_ratio_when_trl_never_holds_the_target():
+    """TRL touches the target in each seed for one evaluation and falls back (the mean of first
+    crossings counts it as reached); its mean curve never reaches it, so arealite's ratio is an
+    upper bound, with both sides' times to TRL's mean-curve best beside it."""
+    def run(curve):
+        return vs_trl_figures.finish({"steps": 10, "train_s": curve[-1][0], "phases": {}, "curve": curve}, 0.5)
+
+    runs = {"trl-1t-s1": run([(0.0, 0.1), (40.0, 0.5), (80.0, 0.1)]),
+            "async-s1": run([(0.0, 0.1), (20.0, 0.5), (80.0, 0.5)]),
+            "trl-1t-s2": run([(0.0, 0.1), (40.0, 0.1), (80.0, 0.5)]),
+            "async-s2": run([(0.0, 0.1), (40.0, 0.5), (80.0, 0.5)])}
+    lines = vs_trl_figures.headlines(runs, 0.5)
+    mean = next(x for x in lines if x.startswith("arealite async / TRL time to 0.50 held-out accuracy (mean"))
+    assert "0.50x (target <= 0.5)" in mean  # (20 + 40) / (40 + 80)
+    line = next(x for x in lines if "on the mean curve over seeds 1,2" in x)
+    # TRL's mean: 0.1, 0.3 at 40 s, 0.3 at 80 s (best 0.3 from 40 s on); arealite's mean: 0.1,
+    # 0.4 at 20 s, 0.5 at 40 s: the target at 40 s of TRL's 80 s, TRL's best at 20 * 2/3 s
+    assert line.endswith("0.50x (no target) [an upper bound: TRL's mean curve did not reach it in 80 s, its "
+                         "best 0.300 at 40 s; arealite async's reaches that best at 13 s: 0.33x]")
+    assert not parse_figures("vs_trl", line)  # no target on it: the page's summary ignores it
+    runs["trl-1t-s1"] = run([(0.0, 0.1), (40.0, 0.5), (80.0, 0.5)])  # TRL's mean reaches 0.5 at 80 s
+    line = next(x for x in vs_trl_figures.headlines(runs, 0.5) if "on the mean curve" in x)
+    assert line.endswith("0.50x (no target) [40 s against 80 s]")
+    assert vs_trl_figures.mean_curve_headlines({1: runs}, 0.5) == []  # one seed: nothing to average
