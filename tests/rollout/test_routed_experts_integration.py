@@ -55,13 +55,14 @@ def test_routed_experts_survive_pauses_groups_and_joins(tiny_moe_dir):
             first_segment = next(eng._segment_ids)
             fut = start_all(eng, reqs, group=3)
             url = f"http://{addr}"
-            # pause once the server is generating (not after a fixed sleep: on a quiet machine
-            # the requests could end first, on a loaded one not have started)
+            # pause once the server has generated tokens (not after a fixed sleep: on a quiet
+            # machine the requests could end first, on a loaded one not have started); its
+            # num_tokens load is the prompts waiting or held plus the tokens generated since
+            prompts = sum(len(q.input_ids) for q in reqs)
             deadline = time.monotonic() + 120
-            while requests.get(f"{url}/get_load", timeout=30).json()[0]["num_reqs"] < 1:
+            while requests.get(f"{url}/get_load", timeout=30).json()[0]["num_tokens"] < prompts + 2:
                 assert time.monotonic() < deadline, "the requests never started"
-                time.sleep(0.05)
-            time.sleep(0.2)
+                time.sleep(0.005)
             assert requests.post(f"{url}/pause_generation", json={"mode": "abort"}, timeout=30).ok
             time.sleep(0.3)
             assert requests.post(f"{url}/continue_generation", json={}, timeout=30).ok

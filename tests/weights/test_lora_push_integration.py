@@ -61,6 +61,15 @@ def wait_running(base: str, timeout: float = 30.0) -> None:
         time.sleep(0.01)
 
 
+def wait_generated(base: str, n: int, timeout: float = 30.0) -> None:
+    """Until the one running request has at least ``n`` tokens (its KV holds the prompt and
+    every generated token but the last, SGLang's ``num_tokens`` load)."""
+    deadline = time.monotonic() + timeout
+    while requests.get(f"{base}/get_load", timeout=5).json()[0]["num_tokens"] < len(PROMPT) + n - 1:
+        assert time.monotonic() < deadline, f"no request made {n} tokens"
+        time.sleep(0.005)
+
+
 def test_adapter_versions_pushed_beside_each_other(tiny_model_dir, tmp_path):
     actor = lora_engine(tiny_model_dir)
     with embedded_server(str(tiny_model_dir), ["--enable-lora", "--weight-load-root",
@@ -163,10 +172,10 @@ def test_adapter_pushed_in_memory_and_with_a_pause(tiny_model_dir):
                 assert float((got - logprobs(actor, r.output_tokens)).abs().max()) < 1e-5
                 sft_step(actor)
             # a long request on v2, held in the batch (the test's in-place pause) with some
-            # tokens made, then a pausing push of v3 cuts it
+            # tokens made, then a pausing push of v3 cuts it. Paused as soon as it has tokens, not
+            # after a fixed wait: on a quiet machine 300 tokens took less than the 0.2 s slept here
             fut = client.executor.run_coroutine(client.agenerate(request(300)))
-            wait_running(base)
-            time.sleep(0.2)
+            wait_generated(base, 3)
             requests.post(f"{base}/pause_generation", json={"mode": "in_place"}, timeout=10)
             push(3, pause=True)
             r = fut.result(120)
