@@ -168,42 +168,48 @@ def test_pause_disk_update_resume_keeps_per_token_versions(vllm_pool, tiny_model
     """Invariant 3 on vLLM: a disk update lands mid-generation (``/pause?mode=abort``, in-place
     ``reload_weights``, ``/resume``); the cut requests resume with their partial tokens, every
     token keeps the version vLLM reports for it, and its logprob is that version's."""
-    new = perturbed_state(tiny_model_dir, seed=11)
     eng = make_engine(vllm_pool.addrs, sticky_rids=True, pause_mode="abort")
+    states: dict[int, dict | None] = {0: None}
     try:
-        meta = WeightUpdateMeta(type="disk", version=1, path=str(tmp_path / "v1"))
-        save_model(tiny_model_dir, new, tmp_path / "v1")
-        meta.write_disk_marker()
-        n = 400  # prompt + n < --max-model-len 512
-        reqs = [request(f"cut{i}", n, prompt=[5, 6, 7 + i]) for i in range(4)]
-        base = generated_tokens(vllm_pool.addrs)
-        fut = start_all(eng, reqs)
-        # the update goes out once vLLM has generated some of the tokens, not after a fixed
-        # sleep: on a quiet machine the 4 x 400 tokens took under a second, and a 1 s sleep
-        # let every request finish before the pause (no cut)
-        deadline = time.monotonic() + 60
-        while (generated_tokens(vllm_pool.addrs) - base < 4 * len(reqs) and not fut.done()
-               and time.monotonic() < deadline):
-            time.sleep(0.005)
-        t0 = time.monotonic()
-        eng.update_weights(meta).result(60)
-        update_s = time.monotonic() - t0
-        out = fut.result(120)
-        assert eng.get_version() == 1
+        # The update goes out once vLLM has generated some of the tokens, not after a fixed
+        # sleep (on a quiet machine the 4 x 400 tokens took under a second). Still, on a quiet
+        # machine the requests can all end before the pause lands (no cut; once in a clean-clone
+        # CI run): that is the scenario missed, not the invariant broken, so it runs again, one
+        # version up, at most three times; every attempt's tokens are checked all the same.
         cut = 0
-        for q, r in zip(reqs, out):
-            assert r.output_len == n and len(r.output_logprobs) == n
-            v = r.output_versions
-            k = v.index(1) if 1 in v else n
-            assert v == [0] * k + [1] * (n - k)  # one switch, nothing lost or doubled
-            if 0 < k < n:
-                cut += 1
-                assert check_versions_match_weights(
-                    tiny_model_dir, {0: None, 1: new}, q.input_ids, r) == k
-        assert cut >= 1, [r.output_versions.count(1) for r in out]
-        assert update_s < 30, update_s
+        for v in (1, 2, 3):
+            states[v] = perturbed_state(tiny_model_dir, seed=10 + v)
+            meta = WeightUpdateMeta(type="disk", version=v, path=str(tmp_path / f"v{v}"))
+            save_model(tiny_model_dir, states[v], tmp_path / f"v{v}")
+            meta.write_disk_marker()
+            n = 400  # prompt + n < --max-model-len 512
+            reqs = [request(f"cut{v}-{i}", n, prompt=[5, 6, 7 + i]) for i in range(4)]
+            base = generated_tokens(vllm_pool.addrs)
+            fut = start_all(eng, reqs)
+            deadline = time.monotonic() + 60
+            while (generated_tokens(vllm_pool.addrs) - base < 4 * len(reqs) and not fut.done()
+                   and time.monotonic() < deadline):
+                time.sleep(0.005)
+            t0 = time.monotonic()
+            eng.update_weights(meta).result(60)
+            update_s = time.monotonic() - t0
+            assert update_s < 30, update_s
+            out = fut.result(120)
+            assert eng.get_version() == v
+            for q, r in zip(reqs, out):
+                assert r.output_len == n and len(r.output_logprobs) == n
+                got = r.output_versions
+                k = got.index(v) if v in got else n
+                assert got == [v - 1] * k + [v] * (n - k)  # one switch, nothing lost or doubled
+                if 0 < k < n:
+                    cut += 1
+                    assert check_versions_match_weights(
+                        tiny_model_dir, {v - 1: states[v - 1], v: states[v]}, q.input_ids, r) == k
+            if cut:
+                break
+        assert cut >= 1, [r.output_versions.count(v) for r in out]
         after = run_all(eng, [request("after", 5)])[0]
-        assert after.output_versions == [1] * 5
+        assert after.output_versions == [v] * 5
     finally:
         eng.destroy()
 
