@@ -291,7 +291,9 @@ def table(rows: list[dict], peak_tflops: float | None) -> str:
         d = by.get((b, c, "dense", n))
         if h == "fused" and d:
             fused.append(
-                f"{b:>7} ckpt={int(c)} cp={n}: fused/dense peak {r['peak'] / d['peak']:.3f}, "
+                # a CPU smoke run's peak can read 0 MB (under the allocator's resolution): no ratio
+                f"{b:>7} ckpt={int(c)} cp={n}: fused/dense peak "
+                f"{format(r['peak'] / d['peak'], '.3f') if d['peak'] else '-'}, "
                 f"tokens/s {r['tokens_per_s'] / d['tokens_per_s']:.2f}"
             )
         one = by.get((b, c, h, 1))
