@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM
 from arealite.rollout.remote_engine import GenerationError
 from servers.engine.routed_experts import moe_routers
 from tests.rollout.test_remote_engine_integration import make_engine, request, start_all
+from tests.support.http_calls import wait_tokens
 from tests.support.procs import embedded_server
 
 pytestmark = pytest.mark.integration
@@ -58,11 +59,7 @@ def test_routed_experts_survive_pauses_groups_and_joins(tiny_moe_dir):
             # pause once the server has generated tokens (not after a fixed sleep: on a quiet
             # machine the requests could end first, on a loaded one not have started); its
             # num_tokens load is the prompts waiting or held plus the tokens generated since
-            prompts = sum(len(q.input_ids) for q in reqs)
-            deadline = time.monotonic() + 120
-            while requests.get(f"{url}/get_load", timeout=30).json()[0]["num_tokens"] < prompts + 2:
-                assert time.monotonic() < deadline, "the requests never started"
-                time.sleep(0.005)
+            wait_tokens(url, sum(len(q.input_ids) for q in reqs) + 2, timeout=120)
             assert requests.post(f"{url}/pause_generation", json={"mode": "abort"}, timeout=30).ok
             time.sleep(0.3)
             assert requests.post(f"{url}/continue_generation", json={}, timeout=30).ok

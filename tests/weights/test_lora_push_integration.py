@@ -19,6 +19,7 @@ from arealite.engine.fsdp_engine import FSDPEngine
 from arealite.engine.functional import gather_logprobs
 from arealite.rollout.remote_engine import RemoteInferenceEngine
 from tests.support.fsdp_helpers import engine_config, random_trajectories
+from tests.support.http_calls import wait_tokens
 from tests.support.procs import embedded_server
 
 pytestmark = pytest.mark.integration
@@ -59,15 +60,6 @@ def wait_running(base: str, timeout: float = 30.0) -> None:
     while requests.get(f"{base}/v1/loads", timeout=5).json()["loads"][0]["num_running_reqs"] == 0:
         assert time.monotonic() < deadline, "no request started running"
         time.sleep(0.01)
-
-
-def wait_generated(base: str, n: int, timeout: float = 30.0) -> None:
-    """Until the one running request has at least ``n`` tokens (its KV holds the prompt and
-    every generated token but the last, SGLang's ``num_tokens`` load)."""
-    deadline = time.monotonic() + timeout
-    while requests.get(f"{base}/get_load", timeout=5).json()[0]["num_tokens"] < len(PROMPT) + n - 1:
-        assert time.monotonic() < deadline, f"no request made {n} tokens"
-        time.sleep(0.005)
 
 
 def test_adapter_versions_pushed_beside_each_other(tiny_model_dir, tmp_path):
@@ -175,7 +167,7 @@ def test_adapter_pushed_in_memory_and_with_a_pause(tiny_model_dir):
             # tokens made, then a pausing push of v3 cuts it. Paused as soon as it has tokens, not
             # after a fixed wait: on a quiet machine 300 tokens took less than the 0.2 s slept here
             fut = client.executor.run_coroutine(client.agenerate(request(300)))
-            wait_generated(base, 3)
+            wait_tokens(base, len(PROMPT) + 2)  # the prompt and 3 tokens (the last not in KV)
             requests.post(f"{base}/pause_generation", json={"mode": "in_place"}, timeout=10)
             push(3, pause=True)
             r = fut.result(120)
