@@ -159,6 +159,12 @@ class HeadInput:
     def __len__(self) -> int:
         return self.hidden.shape[0]
 
+    def select(self, index: torch.Tensor) -> HeadInput:
+        """The same head on the rows ``index`` only (differentiable: their gradient reaches
+        the full hidden states)."""
+        return HeadInput(self.hidden.index_select(0, index), self.weight, self.bias,
+                         self.chunk_size)
+
     def detach(self) -> HeadInput:
         b = None if self.bias is None else self.bias.detach()
         return HeadInput(self.hidden.detach(), self.weight.detach(), b, self.chunk_size)

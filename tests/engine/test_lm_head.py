@@ -90,6 +90,53 @@ def test_head_input_dispatch_and_no_grad_paths():
         F.gather_logprobs(head, labels, 0.0)
 
 
+@pytest.mark.parametrize("form", ["head", "logits"])
+@pytest.mark.parametrize("pattern", ["some", "none", "all"])
+def test_a_mask_computes_its_rows_only_with_the_same_values_and_gradients(form, pattern):
+    """``mask=``: the masked rows' logprobs and entropies equal the unmasked call's, the others
+    read 0, and the gradients equal those of the unmasked outputs zeroed off the mask (what a
+    masked loss back-propagates). The head's products run on the masked rows only."""
+    hid, w, b, labels = _case(n=11, bias=True, seed=5)
+    mask = {"some": torch.tensor([0, 1, 1, 0, 0, 1, 0, 0, 0, 1, 1], dtype=torch.bool),
+            "none": torch.zeros(11, dtype=torch.bool), "all": torch.ones(11, dtype=torch.bool)}[pattern]
+    g = torch.Generator().manual_seed(6)
+    up = torch.randn(11, generator=g)
+
+    def scores():
+        return HeadInput(hid, w, b, chunk_size=3) if form == "head" else hid @ w.t() + b
+
+    def grads(loss):
+        for t in (hid, w, b):
+            t.grad = None
+        loss.backward()
+        return [t.grad.clone() for t in (hid, w, b)]
+
+    full = F.gather_logprobs(scores(), labels, 0.8)
+    ref = grads((torch.where(mask, full, 0.0) * up).sum())
+    part = F.gather_logprobs(scores(), labels, 0.8, mask=mask)
+    assert torch.equal(part[~mask], torch.zeros(int((~mask).sum())))
+    assert _rel(part[mask], full[mask].detach()) < 1e-6 if mask.any() else True
+    got = grads((part * up).sum())
+    for a, r in zip(got, ref):
+        assert float((a - r).abs().max()) < 1e-6
+    lp, ent = F.logprobs_and_entropy(scores(), labels, 0.8, mask=mask)
+    lp_full, ent_full = F.logprobs_and_entropy(scores(), labels, 0.8)
+    assert torch.equal(lp.detach(), part.detach()) and not ent.requires_grad
+    assert float((ent - torch.where(mask, ent_full, 0.0)).abs().max()) < 1e-6
+    lp2, ent2 = F.gather_logprobs_entropy(scores(), labels, 0.8, mask=mask)
+    assert float((lp2 - part.detach()).abs().max()) < 1e-6 and torch.equal(ent2, ent)
+    if form == "head":  # the head ran on the masked rows only
+        seen = []
+        h = HeadInput(hid, w, b, chunk_size=100)
+        orig = F.fused_logprobs
+        try:
+            F.fused_logprobs = lambda hidden, *a, **k: seen.append(hidden.shape[0]) or orig(hidden, *a, **k)
+            F.gather_logprobs(h, labels, mask=mask)
+        finally:
+            F.fused_logprobs = orig
+        assert seen == [int(mask.sum())]
+
+
 # ----------------------------------------------------------------------------- in the engine
 
 

@@ -225,7 +225,7 @@ class PPOActor:
 
 def _gather_prox(sink: list[tuple[torch.Tensor, TensorDict]], shape: torch.Size) -> torch.Tensor:
     """The proximal logprobs the update's micro-batches computed, back to ``[B, S]`` (each value
-    on the token it describes, 0 where nothing was predicted)."""
+    on the token it describes; 0 off the loss mask, where the loss computes none)."""
     out = torch.zeros(shape, dtype=torch.float32)
     for logp, mb in sink:
         cu = mb["cu_seqlens"].cpu()

@@ -120,7 +120,8 @@ def actor_loss(
     ``PPOActor.prepare_prox_logp``), and ``(logprobs, mb)`` is appended to it."""
     c = config
     lm = mb["loss_mask"].bool()
-    logp, entropy = logprobs_and_entropy(logits, mb["labels"], c.temperature)
+    # only the loss tokens' logprobs (0 elsewhere): every use below is under lm
+    logp, entropy = logprobs_and_entropy(logits, mb["labels"], c.temperature, mask=lm)
     behave = mb["logprobs"]
     recomputed = mb.get("prox_logp")
     if prox_sink is not None:

@@ -31,7 +31,8 @@ from arealite.engine.preference.losses import chosen_nll, dpo_loss, kto_loss, kt
 def sequence_logps(engine: TrainEngine, data: TensorDict) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed completion (``loss_mask``) log-probability of each row, float64 ``[B]``, and the
     completion lengths ``[B]``."""
-    tok = engine.forward(data, post_hook=lambda logits, mb: gather_logprobs(logits, mb["labels"]))
+    tok = engine.forward(data, post_hook=lambda logits, mb: gather_logprobs(
+        logits, mb["labels"], mask=mb["loss_mask"]))
     lm = data["loss_mask"].bool()
     return torch.where(lm, tok.double(), 0.0).sum(1), lm.sum(1).double()
 
@@ -41,7 +42,7 @@ def _surrogate_loss(logits: torch.Tensor, mb: TensorDict) -> torch.Tensor:
     ``pref_coef`` carries the global row count, so the weighted mean is ``Σ c_i logp_i``."""
     lm = mb["loss_mask"].bool()
     ids, n = packed_seq_ids(mb["cu_seqlens"])
-    lp = torch.where(lm, gather_logprobs(logits, mb["labels"]), 0.0)
+    lp = gather_logprobs(logits, mb["labels"], mask=lm)
     return (mb["pref_coef"].to(lp.dtype)[ids] * lp).sum() / max(n, 1)
 
 

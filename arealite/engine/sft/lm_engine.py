@@ -22,8 +22,8 @@ from arealite.engine.functional import gather_logprobs, greedy_tokens
 
 def sft_loss_fn(logits: torch.Tensor, mb: TensorDict) -> torch.Tensor:
     """Mean negative log-likelihood of the ``loss_mask`` tokens of a packed micro-batch."""
-    lp = gather_logprobs(logits, mb["labels"])
     m = mb["loss_mask"].bool()
+    lp = gather_logprobs(logits, mb["labels"], mask=m)
     return -torch.where(m, lp, 0.0).sum() / m.sum().clamp_min(1)
 
 
