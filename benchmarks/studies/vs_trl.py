@@ -45,7 +45,8 @@ A run longer than one sitting goes in parts: ``--max-arms N`` runs at most N arm
 one seed) and exits 3 naming what is left; the same command with ``--resume`` reuses every arm
 whose ``arm.json`` (written in its run folder when it finishes) was measured with the same
 figures-affecting arguments, and runs the rest. The arms run one after the other in any case;
-each arm keeps its date, commit and load average, and the results file lists them.
+each arm keeps its date, commit and load average (at its start and end, and sampled every 30 s
+while it ran: mean and max), and the results file lists them.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness.paths import ROOT, results_dir
-from benchmarks.studies.vs_trl_arms import load_arm, save_arm
+from benchmarks.studies.vs_trl_arms import LoadWatch, load_arm, save_arm
 from benchmarks.studies.vs_trl_figures import (
     arealite_summary,
     finish,
@@ -251,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
         folder = Path(a.fileroot) / experiment / key
         kept = load_arm(folder, a) if a.resume else None
         if kept is not None:
-            print(f"== {key}: kept from {kept['date']} (commit {kept['commit']}, load {kept['load_average']})", flush=True)
+            print(f"== {key}: kept from {kept['date']} (commit {kept['commit']}, load {kept['load_average']}"
+                  f"{', during ' + str(kept['load_during']) if 'load_during' in kept else ''})", flush=True)
         elif a.max_arms is not None and ran >= a.max_arms:
             left = [k for k in keys[keys.index(key):] if load_arm(Path(a.fileroot) / experiment / k, a) is None]
             report_part(runs, keys, left, a.target)
@@ -260,12 +262,14 @@ def main(argv: list[str] | None = None) -> int:
             return 3
         else:
             load = os.getloadavg()[0]
-            summary = (run_trl(a, model, data, experiment, max_steps, th, seed) if th
-                       else run_arealite(name, a, model, data, experiment, max_steps, seed))
-            save_arm(folder, a, summary, load)
+            with LoadWatch() as watch:
+                summary = (run_trl(a, model, data, experiment, max_steps, th, seed) if th
+                           else run_arealite(name, a, model, data, experiment, max_steps, seed))
+            save_arm(folder, a, summary, load, watch.summary())
             kept, ran = load_arm(folder, a), ran + 1
         runs[key] = finish(kept["summary"], a.target)
-        arm_records[key] = {k: kept[k] for k in ("date", "commit", "load_average")}
+        arm_records[key] = {k: kept[k] for k in ("date", "commit", "load_average", "load_during")
+                            if k in kept}
     print(f"\n{a.prompts} prompts x {a.samples} samples per step, max {a.max_new_tokens} new tokens, lr {a.lr}, "
           f"{a.seconds:.0f} training seconds each; TRL torch threads {a.trl_threads}; seeds {a.seeds}\n")
     print(table(runs, a.target))
