@@ -81,6 +81,10 @@ def test_page_entry_of_a_saved_full_run():
     assert e["name"].startswith("vs_trl, last full run (20 training s each")
     assert [f["met"] for f in e["figures"]] == [True, True]
     assert e["notes"][0].startswith("| system |") and e["command"] == saved["command"]
+    assert e["status"] == "ran 2026-01-01 00:00"
+    saved["arms"] = {"trl-2t-s1": {"commit": "aaa"}, "async-s1": {"commit": "ccc"}, "sync-s1": {"commit": "bbb"},
+                     "async-s2": {"commit": "ccc"}}
+    assert vs_trl_figures.page_entry(saved)["status"] == "ran 2026-01-01 00:00 (arealite's arms at bbb, ccc)"
 
 
 def test_several_seeds_report_each_seed_and_the_means():
