@@ -48,7 +48,7 @@ class LoadWatch:
 
     def summary(self) -> dict[str, float]:
         s = self.samples
-        return {"mean": round(sum(s) / len(s), 2), "max": round(max(s), 1), "samples": len(s)}
+        return {"mean": round(sum(s) / len(s), 2), "max": round(max(s), 2), "samples": len(s)}
 
 
 def save_arm(folder: Path, a: argparse.Namespace, summary: dict[str, Any], load_start: float,

@@ -116,7 +116,7 @@ def test_a_run_in_parts_keeps_finished_arms_and_reruns_the_rest(tmp_path, monkey
     assert sorted(out["runs"]) == ["async-s1", "async-s2", "trl-2t-s1", "trl-2t-s2"]
     assert set(out["arms"]["async-s1"]) == {"date", "commit", "load_average", "load_during"}
     during = out["arms"]["async-s1"]["load_during"]  # sampled at the arm's start and end at least
-    assert during["samples"] >= 2 and during["max"] >= during["mean"] - 0.01
+    assert during["samples"] >= 2 and during["max"] >= during["mean"]
     assert out["runs"]["trl-2t-s2"]["train_s"] == 42.0
 
     ran.clear()  # --max-arms 0: the report of what is kept, nothing run
