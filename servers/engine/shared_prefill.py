@@ -66,7 +66,7 @@ def prefill_distinct(runner: Any, r0: int, seqs: list[Any],
     runner.cache.ensure(r0 + len(seqs), t)  # every row at once: the forward only needs U
     p = shared_prefix_len([feeds[b] for b in distinct])
     if (p >= MIN_SHARED and all(v is None for v in vision) and len(set(loras)) == 1
-            and getattr(runner, "routed", None) is None):
+            and runner.routed is None):
         # the prefix once, in row r0; its KV to the other distinct rows; then every suffix
         u = len(distinct)
         head = runner.forward(r0, tokens[:1, :p], starts[:1], None, loras[:1])

@@ -9,12 +9,12 @@ from servers.engine.sequence import Sequence
 from tests.servers.engine.test_server_engine import engine, make, runner, teacher_forced  # noqa: F401
 
 
-def test_identical_prompts_share_one_prefill_and_decode_like_their_own(engine, runner):  # noqa: F811
-    a, b = [7, 8, 9, 10, 11], [12, 13]
-    pairs = [make(f"s{i}", p, max_new_tokens=12, temperature=1.0, ignore_eos=True)
-             for i, p in enumerate([a, a, b, a, b])]
+def run_admitted_together(engine, runner, pairs) -> list[tuple[int, int]]:  # noqa: F811
+    """Queue every sequence while the engine is paused, so one step admits them all, with the
+    prompt's logprobs too (read from the shared forward); run them to the end and return the
+    token shapes of every forward the runner ran."""
     for seq, _ in pairs:
-        seq.logprob_start_len = 0  # the prompt's logprobs too: read from the shared forward
+        seq.logprob_start_len = 0
     shapes: list[tuple[int, int]] = []
     forward = runner.forward
 
@@ -24,7 +24,7 @@ def test_identical_prompts_share_one_prefill_and_decode_like_their_own(engine, r
 
     runner.forward = record
     try:
-        engine.pause("in_place").result(5)  # all five queued: admitted in one step
+        engine.pause("in_place").result(5)
         for seq, _ in pairs:
             engine.submit(seq)
         engine.resume().result(5)
@@ -32,6 +32,14 @@ def test_identical_prompts_share_one_prefill_and_decode_like_their_own(engine, r
             assert done.wait(30)
     finally:
         runner.forward = forward
+    return shapes
+
+
+def test_identical_prompts_share_one_prefill_and_decode_like_their_own(engine, runner):  # noqa: F811
+    a, b = [7, 8, 9, 10, 11], [12, 13]
+    pairs = [make(f"s{i}", p, max_new_tokens=12, temperature=1.0, ignore_eos=True)
+             for i, p in enumerate([a, a, b, a, b])]
+    shapes = run_admitted_together(engine, runner, pairs)
     # the first step's prefill: the two distinct prompts only, in rows 0 and 1; row 1 (b's
     # source) is also a's destination: every source is read before a row is written
     assert shapes[0] == (2, 5)
@@ -55,25 +63,7 @@ def test_distinct_prompts_share_their_common_prefix_and_decode_like_their_own(en
     prompts = [system + t for t in tails] + [system + tails[1]]  # and one twin
     pairs = [make(f"p{i}", p, max_new_tokens=8, temperature=1.0, ignore_eos=True)
              for i, p in enumerate(prompts)]
-    for seq, _ in pairs:
-        seq.logprob_start_len = 0
-    shapes: list[tuple[int, int]] = []
-    forward = runner.forward
-
-    def record(r0, tokens, *args, **kw):
-        shapes.append(tuple(tokens.shape))
-        return forward(r0, tokens, *args, **kw)
-
-    runner.forward = record
-    try:
-        engine.pause("in_place").result(5)  # all queued: admitted in one step
-        for seq, _ in pairs:
-            engine.submit(seq)
-        engine.resume().result(5)
-        for _, done in pairs:
-            assert done.wait(30)
-    finally:
-        runner.forward = forward
+    shapes = run_admitted_together(engine, runner, pairs)
     assert shared_prefix_len(prompts) == 20 >= MIN_SHARED
     assert shapes[:2] == [(1, 20), (4, 4)]  # the prefix once; 4 distinct suffixes (one twin)
     for seq, _ in pairs:
