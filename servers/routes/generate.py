@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from contextlib import aclosing
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -229,10 +230,11 @@ def _sse(obj: Any) -> bytes:
     return b"data: " + json.dumps(obj, allow_nan=False, default=str).encode() + b"\n\n"
 
 
-async def _stream(state: ServerState, norm: NormalizedGenerate, seqs: list[Sequence], request):
-    incremental = state.args.incremental_streaming_output
-    sent = [0] * len(seqs)
-    sent_text = [""] * len(seqs)
+async def engine_events(state: ServerState, seqs: list[Sequence]):
+    """Submit ``seqs`` (after any pause, under the reader lock a weight update waits for) and
+    yield their engine events ``(i, n_out, final)``; on exit the unfinished ones are aborted.
+    Open it with ``contextlib.aclosing``, so that a caller leaving early (an error chunk, a client
+    gone) aborts the rest and frees the lock at once, not when the generator is collected."""
     await state.wait_unpaused()
     async with state.lock.reader():
         q: asyncio.Queue = asyncio.Queue()
@@ -244,23 +246,32 @@ async def _stream(state: ServerState, norm: NormalizedGenerate, seqs: list[Seque
             while remaining:
                 i, n_out, final = await q.get()
                 remaining -= int(final)
-                s = seqs[i]
-                code = (s.finish or {}).get("status_code") if final else None
-                if code is not None and code >= 400:
-                    async for chunk in _stream_error(s.finish.get("message", "error"), code):
-                        yield chunk
-                    return
-                out = _out(state, norm, s, n_out, final)
-                if incremental:
-                    out["output_ids"] = out["output_ids"][sent[i]:]
-                    if "text" in out:
-                        full = out["text"]
-                        out["text"] = full[len(sent_text[i]):] if full.startswith(sent_text[i]) else full
-                        sent_text[i] = full
-                    sent[i] = n_out
-                if not norm.is_single:
-                    out["index"] = i
-                yield _sse(out)
-            yield b"data: [DONE]\n\n"
+                yield i, n_out, final
         finally:
             _abort_unfinished(state, seqs)
+
+
+async def _stream(state: ServerState, norm: NormalizedGenerate, seqs: list[Sequence], request):
+    incremental = state.args.incremental_streaming_output
+    sent = [0] * len(seqs)
+    sent_text = [""] * len(seqs)
+    async with aclosing(engine_events(state, seqs)) as events:
+        async for i, n_out, final in events:
+            s = seqs[i]
+            code = (s.finish or {}).get("status_code") if final else None
+            if code is not None and code >= 400:
+                async for chunk in _stream_error(s.finish.get("message", "error"), code):
+                    yield chunk
+                return
+            out = _out(state, norm, s, n_out, final)
+            if incremental:
+                out["output_ids"] = out["output_ids"][sent[i]:]
+                if "text" in out:
+                    full = out["text"]
+                    out["text"] = full[len(sent_text[i]):] if full.startswith(sent_text[i]) else full
+                    sent_text[i] = full
+                sent[i] = n_out
+            if not norm.is_single:
+                out["index"] = i
+            yield _sse(out)
+    yield b"data: [DONE]\n\n"

@@ -13,10 +13,10 @@ may be the start of a tool call or of a stop string.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 import uuid
+from contextlib import aclosing
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -251,24 +251,6 @@ def _sse(obj: Any) -> bytes:
     return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
 
 
-async def _events(state: ServerState, seqs: list[Sequence]):
-    """Yield ``(i, n_out, final)`` engine events for ``seqs``; aborts the rest on exit."""
-    await state.wait_unpaused()
-    async with state.lock.reader():
-        q: asyncio.Queue = asyncio.Queue()
-        gen._attach(seqs, q)
-        for s in seqs:
-            state.engine.submit(s)
-        remaining = len(seqs)
-        try:
-            while remaining:
-                i, n_out, final = await q.get()
-                remaining -= int(final)
-                yield i, n_out, final
-        finally:
-            gen._abort_unfinished(state, seqs)
-
-
 class _TextStream:
     """Per-choice streamed text: emits what can no longer turn into a stop string or (with
     tools) a ``<tool_call>``; a started tool call is held until the end."""
@@ -306,34 +288,35 @@ async def _chat_stream(state, req: OpenAIRequest, seqs, rid: str, model: str):
                      "model": model, "choices": [choice]})
 
     opened = [False] * len(seqs)
-    async for i, n_out, final in _events(state, seqs):
-        s, st = seqs[i], streams[i]
-        if final and (err := _stream_error(s)):
-            yield err
-            break
-        if not opened[i]:  # as SGLang: the role chunk comes with the first engine output
-            opened[i] = True
-            yield chunk(i, {"role": "assistant", "content": ""})
-        out = build_output(s, n_out, final, state.detok, state.engine.weight_version)
-        text = out["text"]
-        lp = _chat_logprobs(state, s, st.tokens, n_out)
-        st.tokens = n_out
-        delta = st.delta(text, final)
-        if delta or (lp and lp["content"]):
-            yield chunk(i, {"content": delta}, logprobs=lp)
-        if final:
-            reason, matched = _finish(s)
-            if tools and BOT in text:
-                parsed = parse_tool_calls(text, req.tools)
-                if parsed.calls:
-                    yield chunk(i, {"tool_calls": parsed.calls})
-                    if reason == "stop":
-                        reason, matched = "tool_calls", None
-            yield chunk(i, {}, reason=reason, matched=matched)
-    else:
-        if req.include_usage:
-            yield _sse({"id": rid, "object": "chat.completion.chunk", "created": created,
-                        "model": model, "choices": [], "usage": _usage(seqs, req.n)})
+    async with aclosing(gen.engine_events(state, seqs)) as events:
+        async for i, n_out, final in events:
+            s, st = seqs[i], streams[i]
+            if final and (err := _stream_error(s)):
+                yield err
+                break
+            if not opened[i]:  # as SGLang: the role chunk comes with the first engine output
+                opened[i] = True
+                yield chunk(i, {"role": "assistant", "content": ""})
+            out = build_output(s, n_out, final, state.detok, state.engine.weight_version)
+            text = out["text"]
+            lp = _chat_logprobs(state, s, st.tokens, n_out)
+            st.tokens = n_out
+            delta = st.delta(text, final)
+            if delta or (lp and lp["content"]):
+                yield chunk(i, {"content": delta}, logprobs=lp)
+            if final:
+                reason, matched = _finish(s)
+                if tools and BOT in text:
+                    parsed = parse_tool_calls(text, req.tools)
+                    if parsed.calls:
+                        yield chunk(i, {"tool_calls": parsed.calls})
+                        if reason == "stop":
+                            reason, matched = "tool_calls", None
+                yield chunk(i, {}, reason=reason, matched=matched)
+        else:
+            if req.include_usage:
+                yield _sse({"id": rid, "object": "chat.completion.chunk", "created": created,
+                            "model": model, "choices": [], "usage": _usage(seqs, req.n)})
     yield b"data: [DONE]\n\n"
 
 
@@ -349,26 +332,27 @@ async def _completion_stream(state, req: OpenAIRequest, seqs, rid: str, model: s
                      "choices": [choice]})
 
     opened = [False] * len(seqs)
-    async for i, n_out, final in _events(state, seqs):
-        s, st = seqs[i], streams[i]
-        if final and (err := _stream_error(s)):
-            yield err
-            break
-        # the echoed prompt (and its logprobs) leads the choice's first chunk, as in SGLang
-        first, opened[i] = not opened[i], True
-        text = build_output(s, n_out, final, state.detok, state.engine.weight_version)["text"]
-        lp = _completion_logprobs(state, s, st.tokens, n_out, prompt=first and req.echo)
-        st.tokens = n_out
-        delta = st.delta(text, final)
-        if first and req.echo:
-            delta = req.prompt_texts[i // req.n] + delta
-        if delta or (lp and lp["tokens"]):
-            yield chunk(i, delta, logprobs=lp)
-        if final:
-            reason, matched = _finish(s)
-            yield chunk(i, "", reason=reason, matched=matched)
-    else:
-        if req.include_usage:
-            yield _sse({"id": rid, "object": "text_completion", "created": created,
-                        "model": model, "choices": [], "usage": _usage(seqs, req.n)})
+    async with aclosing(gen.engine_events(state, seqs)) as events:
+        async for i, n_out, final in events:
+            s, st = seqs[i], streams[i]
+            if final and (err := _stream_error(s)):
+                yield err
+                break
+            # the echoed prompt (and its logprobs) leads the choice's first chunk, as in SGLang
+            first, opened[i] = not opened[i], True
+            text = build_output(s, n_out, final, state.detok, state.engine.weight_version)["text"]
+            lp = _completion_logprobs(state, s, st.tokens, n_out, prompt=first and req.echo)
+            st.tokens = n_out
+            delta = st.delta(text, final)
+            if first and req.echo:
+                delta = req.prompt_texts[i // req.n] + delta
+            if delta or (lp and lp["tokens"]):
+                yield chunk(i, delta, logprobs=lp)
+            if final:
+                reason, matched = _finish(s)
+                yield chunk(i, "", reason=reason, matched=matched)
+        else:
+            if req.include_usage:
+                yield _sse({"id": rid, "object": "text_completion", "created": created,
+                            "model": model, "choices": [], "usage": _usage(seqs, req.n)})
     yield b"data: [DONE]\n\n"
