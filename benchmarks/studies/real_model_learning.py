@@ -1,0 +1,195 @@
+"""Learning runs of the real-model job, one per seed under one protocol: the held-out mean score
+against training minutes (docs/real_model.md, "A learning run").
+
+    python -m benchmarks.studies.real_model_learning --seeds 1,2,3 [--steps 60] [--eval-every 10]
+    python -m benchmarks.studies.real_model_learning --seeds 1,2,3 --from-runs   # runs already made
+
+Each seed is ``arealite real-model-job`` (``configs/smollm2_rg_grpo.yaml``: SmolLM2-135M-Instruct,
+async GRPO, one embedded server, 200 held-out problems) with 4 prompts x 8 samples per step and
+``seed=N servers.random_seed=N``, run one after the other; ``--from-runs`` reads the run folders
+``<fileroot>/smollm2-rg-grpo/<trial>N`` instead of running. From each run's ``metrics.jsonl`` it
+keeps every step's reward and time and every evaluation, writes
+``benchmarks/results/real_model/learn_seed<N>.json`` and prints, per seed, the held-out score at
+each evaluation with its training minutes (evaluations excluded), the best rise over step 0, and
+the training reward of the first and last 10 steps. The load sampled during the runs is printed
+with them: training minutes depend on what else ran on the machine; the scores do not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.harness.paths import ROOT, results_dir
+
+EXPERIMENT = "smollm2-rg-grpo"  # the config's experiment_name: the run folder's parent
+KEPT = ("eval/accuracy", "eval/n", "reward", "timeperf/step", "timeperf/train_elapsed",
+        "timeperf/eval", "logprob_agreement/max_abs_diff")
+RISE_TARGET = 0.15  # issue #39: a held-out rise of at least this much ...
+MINUTES_TARGET = 20.0  # ... within this many training minutes, in every seed
+
+
+def job_args(seed: int, steps: int, eval_every: int, fileroot: str, trial: str) -> list[str]:
+    """The job's overrides for one seed of the protocol."""
+    return [f"cluster.fileroot={fileroot}", f"trial_name={trial}{seed}", f"seed={seed}",
+            f"servers.random_seed={seed}", f"evaluator.freq_steps={eval_every}",
+            f"total_train_steps={steps}", "train_dataset.batch_size=4",
+            "rollout.consumer_batch_size=4", "rollout.max_concurrent_rollouts=8"]
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The run's step rows, only the kept keys (a row with none of them is dropped)."""
+    rows = []
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        d = json.loads(line)
+        kept = {k: d[k] for k in KEPT if k in d}
+        if kept:
+            rows.append({"step": int(d["step"]), **kept})
+    return rows
+
+
+def train_minutes(rows: list[dict[str, Any]]) -> dict[int, float]:
+    """Training minutes at the end of each step (evaluations excluded; step 0 is 0)."""
+    out = {0: 0.0}
+    for r in rows:
+        if "timeperf/train_elapsed" in r:
+            out[r["step"]] = r["timeperf/train_elapsed"] / 60.0
+    return out
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The evaluations (step, training minutes, score), the best rise over step 0 and where it
+    came, and the mean training reward of the first and of the last 10 steps."""
+    minutes = train_minutes(rows)
+    evals = [(r["step"], minutes.get(r["step"], float("nan")), r["eval/accuracy"])
+             for r in rows if "eval/accuracy" in r]
+    if not evals or evals[0][0] != 0:
+        raise ValueError("the run has no evaluation at step 0")
+    base = evals[0][2]
+    step, mins, best = max(evals[1:], key=lambda e: (e[2], -e[0]), default=evals[0])
+    rewards = [r["reward"] for r in sorted(rows, key=lambda r: r["step"]) if "reward" in r]
+    return {
+        "evals": [{"step": s, "train_minutes": round(m, 2), "score": round(a, 4)}
+                  for s, m, a in evals],
+        "base": round(base, 4),
+        "best": round(best, 4),
+        "best_rise": round(best - base, 4),
+        "best_step": step,
+        "best_minutes": round(mins, 2),
+        "reward_first10": round(sum(rewards[:10]) / max(1, len(rewards[:10])), 3),
+        "reward_last10": round(sum(rewards[-10:]) / max(1, len(rewards[-10:])), 3),
+        "steps": max((r["step"] for r in rows), default=0),
+    }
+
+
+def report(by_seed: dict[int, dict[str, Any]]) -> str:
+    """The per-seed table and the headline line over seeds."""
+    lines = []
+    for seed, s in sorted(by_seed.items()):
+        evals = ", ".join(f"{e['step']}: {e['score']:.3f} ({e['train_minutes']:.1f} min)"
+                          for e in s["evals"])
+        lines.append(f"seed {seed}: held-out score at step (training minutes) {evals}")
+        lines.append(f"seed {seed}: best {s['best']:.3f} at step {s['best_step']} "
+                     f"({s['best_minutes']:.1f} min), rise {s['best_rise']:+.3f}; training reward "
+                     f"first 10 steps {s['reward_first10']:.3f} -> last 10 {s['reward_last10']:.3f}")
+    worst = min(by_seed.values(), key=lambda s: s["best_rise"])
+    within = all(s["best_minutes"] <= MINUTES_TARGET for s in by_seed.values())
+    lines.append(f"smallest best rise over seeds {','.join(map(str, sorted(by_seed)))}"
+                 f"{'' if within else ' (a best came after ' + str(MINUTES_TARGET) + ' min)'}: "
+                 f"{worst['best_rise']:+.3f} (target >= {RISE_TARGET})")
+    return "\n".join(lines)
+
+
+class LoadSampler:
+    """The 1-minute load average every ``every`` seconds, in a thread, while runs go on."""
+
+    def __init__(self, every: float = 30.0) -> None:
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(every,), daemon=True)
+
+    def _run(self, every: float) -> None:
+        while not self._stop.is_set():
+            self.samples.append(os.getloadavg()[0])
+            self._stop.wait(every)
+
+    def __enter__(self) -> LoadSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def text(self) -> str:
+        if not self.samples:
+            return "not sampled"
+        mean = sum(self.samples) / len(self.samples)
+        return f"load average mean {mean:.2f}, max {max(self.samples):.2f}"
+
+
+def run_job(args: list[str], log: Path) -> None:
+    cmd = [sys.executable, "-m", "arealite.cli.main", "real-model-job", *args]
+    with open(log, "w") as f:
+        code = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT).returncode
+    if code != 0:
+        raise RuntimeError(f"the job exited {code}; its log: {log}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--seeds", default="1,2,3")
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--eval-every", type=int, default=10)
+    p.add_argument("--fileroot", default=str(ROOT / "outputs"))
+    p.add_argument("--trial", default="learn", help="run folders are <trial><seed>")
+    p.add_argument("--from-runs", action="store_true", help="read the run folders, run nothing")
+    p.add_argument("--load", default=None, help="with --from-runs: the load the runs saw, as text")
+    p.add_argument("--commit", default=None, help="with --from-runs: the commit the runs ran at")
+    a = p.parse_args(argv)
+    seeds = [int(s) for s in a.seeds.split(",")]
+    commit = a.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                                        capture_output=True, text=True).stdout.strip()
+    by_seed: dict[int, dict[str, Any]] = {}
+    for seed in seeds:
+        args = job_args(seed, a.steps, a.eval_every, a.fileroot, a.trial)
+        run = Path(a.fileroot) / EXPERIMENT / f"{a.trial}{seed}"
+        load = a.load or "not sampled"
+        if not a.from_runs:
+            run.mkdir(parents=True, exist_ok=True)
+            with LoadSampler() as sampler:
+                try:
+                    run_job(args, run / "study.log")
+                except RuntimeError as e:
+                    print(f"real_model_learning: seed {seed}: {e}", file=sys.stderr)
+                    return 1
+            load = sampler.text()
+        try:
+            rows = read_metrics(run / "logs" / "metrics.jsonl")
+            by_seed[seed] = summarize(rows)
+        except (OSError, ValueError) as e:
+            print(f"real_model_learning: seed {seed}: {e}", file=sys.stderr)
+            return 1
+        out = results_dir("real_model") / f"learn_seed{seed}.json"
+        out.write_text(json.dumps({
+            "command": "arealite real-model-job " + " ".join(args),
+            "date": time.strftime("%Y-%m-%d", time.gmtime((run / "logs" / "metrics.jsonl")
+                                                          .stat().st_mtime)),
+            "commit": commit, "machine": f"2-core CPU; {load}",
+            "summary": by_seed[seed], "steps": rows}, indent=1) + "\n")
+        print(f"seed {seed}: {load}; results: {out.relative_to(ROOT)}", flush=True)
+    print(report(by_seed))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
