@@ -3,15 +3,17 @@ against training minutes (docs/real_model.md, "A learning run").
 
     python -m benchmarks.studies.real_model_learning --seeds 1,2,3 [--steps 60] [--eval-every 10]
     python -m benchmarks.studies.real_model_learning --seeds 1,2,3 --from-runs   # runs already made
+    python -m benchmarks.studies.real_model_learning --lora --seeds 1 --steps 120 --eval-every 20
 
 Each seed is ``arealite real-model-job`` (``configs/smollm2_rg_grpo.yaml``: SmolLM2-135M-Instruct,
 async GRPO, one embedded server, 200 held-out problems) with 4 prompts x 8 samples per step and
 ``seed=N servers.random_seed=N``, run one after the other; ``--from-runs`` reads the run folders
 ``<fileroot>/smollm2-rg-grpo/<trial>N`` instead of running. From each run's ``metrics.jsonl`` it
 keeps every step's reward and time and every evaluation, writes
-``benchmarks/results/real_model/learn_seed<N>.json`` and prints, per seed, the held-out score at
-each evaluation with its training minutes (evaluations excluded), the best rise over step 0, and
-the training reward of the first and last 10 steps. The load sampled during the runs is printed
+``benchmarks/results/real_model/learn_seed<N>.json`` (``--lora``: the job's LoRA adapter,
+``learn_lora_seed<N>.json``) and prints, per seed, the held-out score at each evaluation with its
+training minutes (evaluations excluded), the best rise over step 0, and the training reward of
+the first and last 10 steps. The load sampled during the runs is printed
 with them: training minutes depend on what else ran on the machine; the scores do not.
 """
 
@@ -36,12 +38,14 @@ RISE_TARGET = 0.15  # issue #39: a held-out rise of at least this much ...
 MINUTES_TARGET = 20.0  # ... within this many training minutes, in every seed
 
 
-def job_args(seed: int, steps: int, eval_every: int, fileroot: str, trial: str) -> list[str]:
-    """The job's overrides for one seed of the protocol."""
-    return [f"cluster.fileroot={fileroot}", f"trial_name={trial}{seed}", f"seed={seed}",
-            f"servers.random_seed={seed}", f"evaluator.freq_steps={eval_every}",
-            f"total_train_steps={steps}", "train_dataset.batch_size=4",
-            "rollout.consumer_batch_size=4", "rollout.max_concurrent_rollouts=8"]
+def job_args(seed: int, steps: int, eval_every: int, fileroot: str, trial: str,
+             lora: bool = False) -> list[str]:
+    """The job's arguments for one seed of the protocol."""
+    return [*(["--lora"] if lora else []), f"cluster.fileroot={fileroot}",
+            f"trial_name={trial}{seed}", f"seed={seed}", f"servers.random_seed={seed}",
+            f"evaluator.freq_steps={eval_every}", f"total_train_steps={steps}",
+            "train_dataset.batch_size=4", "rollout.consumer_batch_size=4",
+            "rollout.max_concurrent_rollouts=8"]
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
@@ -100,7 +104,8 @@ def report(by_seed: dict[int, dict[str, Any]]) -> str:
         lines.append(f"seed {seed}: held-out score at step (training minutes) {evals}")
         lines.append(f"seed {seed}: best {s['best']:.3f} at step {s['best_step']} "
                      f"({s['best_minutes']:.1f} min), rise {s['best_rise']:+.3f}; training reward "
-                     f"first 10 steps {s['reward_first10']:.3f} -> last 10 {s['reward_last10']:.3f}")
+                     f"first 10 steps {s['reward_first10']:.3f} -> "
+                     f"last 10 {s['reward_last10']:.3f}")
     worst = min(by_seed.values(), key=lambda s: s["best_rise"])
     within = all(s["best_minutes"] <= MINUTES_TARGET for s in by_seed.values())
     lines.append(f"smallest best rise over seeds {','.join(map(str, sorted(by_seed)))}"
@@ -152,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-every", type=int, default=10)
     p.add_argument("--fileroot", default=str(ROOT / "outputs"))
     p.add_argument("--trial", default="learn", help="run folders are <trial><seed>")
+    p.add_argument("--lora", action="store_true", help="train the job's LoRA adapter")
     p.add_argument("--from-runs", action="store_true", help="read the run folders, run nothing")
     p.add_argument("--load", default=None, help="with --from-runs: the load the runs saw, as text")
     p.add_argument("--commit", default=None, help="with --from-runs: the commit the runs ran at")
@@ -161,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
                                         capture_output=True, text=True).stdout.strip()
     by_seed: dict[int, dict[str, Any]] = {}
     for seed in seeds:
-        args = job_args(seed, a.steps, a.eval_every, a.fileroot, a.trial)
+        args = job_args(seed, a.steps, a.eval_every, a.fileroot, a.trial, a.lora)
         run = Path(a.fileroot) / EXPERIMENT / f"{a.trial}{seed}"
         load = a.load or "not sampled"
         if not a.from_runs:
@@ -179,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ValueError) as e:
             print(f"real_model_learning: seed {seed}: {e}", file=sys.stderr)
             return 1
-        out = results_dir("real_model") / f"learn_seed{seed}.json"
+        out = results_dir("real_model") / f"learn{'_lora' if a.lora else ''}_seed{seed}.json"
         out.write_text(json.dumps({
             "command": "arealite real-model-job " + " ".join(args),
             "date": time.strftime("%Y-%m-%d", time.gmtime((run / "logs" / "metrics.jsonl")
