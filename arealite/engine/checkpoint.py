@@ -108,6 +108,22 @@ def load_hf_state_dict(
     return {k: v.detach() for k, v in m.state_dict().items()}
 
 
+def _dcp_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer | None, only: Callable[[str], bool] | None
+) -> dict[str, Any]:
+    """What DCP writes or fills: the model's entries (those ``only`` keeps) and, with an
+    optimizer, its state."""
+    if optimizer is not None:
+        msd, osd = get_state_dict(model, optimizer)
+        state = {"model": msd, "optim": osd}
+    else:
+        msd, _ = get_state_dict(model, [])
+        state = {"model": msd}
+    if only is not None:
+        state["model"] = {k: v for k, v in state["model"].items() if only(k)}
+    return state
+
+
 def save_dcp(
     model: nn.Module,
     optimizer: torch.optim.Optimizer | None,
@@ -122,14 +138,7 @@ def save_dcp(
     if _rank() == 0:
         out.mkdir(parents=True, exist_ok=True)
     _barrier()
-    if optimizer is not None:
-        msd, osd = get_state_dict(model, optimizer)
-        state = {"model": msd, "optim": osd}
-    else:
-        msd, _ = get_state_dict(model, [])
-        state = {"model": msd}
-    if only is not None:
-        state["model"] = {k: v for k, v in state["model"].items() if only(k)}
+    state = _dcp_state(model, optimizer, only)
     dcp.save(state, checkpoint_id=str(out))
     if _rank() == 0:
         tmp = out / (ENGINE_STATE + ".tmp")
@@ -153,14 +162,7 @@ def load_dcp(
     with_optim = optimizer is not None and extra.get("with_optim", False)
     if optimizer is not None and not with_optim:
         raise ValueError(f"{src} holds no optimizer state; load it with with_optim=False")
-    if with_optim:
-        msd, osd = get_state_dict(model, optimizer)
-        state = {"model": msd, "optim": osd}
-    else:
-        msd, _ = get_state_dict(model, [])
-        state = {"model": msd}
-    if only is not None:
-        state["model"] = {k: v for k, v in state["model"].items() if only(k)}
+    state = _dcp_state(model, optimizer if with_optim else None, only)
     opts = StateDictOptions(strict=only is None)
     reshard_all(model)
     dcp.load(state, checkpoint_id=str(src))
