@@ -158,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fileroot", default=str(ROOT / "outputs"))
     p.add_argument("--trial", default="learn", help="run folders are <trial><seed>")
     p.add_argument("--lora", action="store_true", help="train the job's LoRA adapter")
+    p.add_argument("--tag", default="", help="results learn_seed<N>_<tag>.json (a second protocol)")
     p.add_argument("--from-runs", action="store_true", help="read the run folders, run nothing")
     p.add_argument("--load", default=None, help="with --from-runs: the load the runs saw, as text")
     p.add_argument("--commit", default=None, help="with --from-runs: the commit the runs ran at")
@@ -185,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ValueError) as e:
             print(f"real_model_learning: seed {seed}: {e}", file=sys.stderr)
             return 1
-        out = results_dir("real_model") / f"learn{'_lora' if a.lora else ''}_seed{seed}.json"
+        name = f"learn{'_lora' if a.lora else ''}_seed{seed}{'_' + a.tag if a.tag else ''}"
+        out = results_dir("real_model") / f"{name}.json"
         out.write_text(json.dumps({
             "command": "arealite real-model-job " + " ".join(args),
             "date": time.strftime("%Y-%m-%d", time.gmtime((run / "logs" / "metrics.jsonl")
