@@ -11,8 +11,8 @@ answers; writes
 ``benchmarks/results/real_model/gains_<label>.json``.
 
     python -m benchmarks.studies.rg_gains --data outputs/assets/rg/<hash> \
-        --base outputs/assets/smollm2 --trained outputs/smollm2-rg-grpo/learn3/checkpoints/step30 \
-        --label seed3_step30
+        --base outputs/assets/smollm2 --trained outputs/smollm2-rg-grpo/learn3/checkpoints/step60 \
+        --label seed3_step60
 """
 
 from __future__ import annotations
