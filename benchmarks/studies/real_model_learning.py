@@ -21,15 +21,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from benchmarks.harness.paths import ROOT, results_dir
+from benchmarks.harness.run_context import LoadWatch, head_commit
 
 EXPERIMENT = "smollm2-rg-grpo"  # the config's experiment_name: the run folder's parent
 KEPT = ("eval/accuracy", "eval/n", "reward", "timeperf/step", "timeperf/train_elapsed",
@@ -114,34 +113,6 @@ def report(by_seed: dict[int, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-class LoadSampler:
-    """The 1-minute load average every ``every`` seconds, in a thread, while runs go on."""
-
-    def __init__(self, every: float = 30.0) -> None:
-        self.samples: list[float] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(every,), daemon=True)
-
-    def _run(self, every: float) -> None:
-        while not self._stop.is_set():
-            self.samples.append(os.getloadavg()[0])
-            self._stop.wait(every)
-
-    def __enter__(self) -> LoadSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def text(self) -> str:
-        if not self.samples:
-            return "not sampled"
-        mean = sum(self.samples) / len(self.samples)
-        return f"load average mean {mean:.2f}, max {max(self.samples):.2f}"
-
-
 def run_job(args: list[str], log: Path) -> None:
     cmd = [sys.executable, "-m", "arealite.cli.main", "real-model-job", *args]
     with open(log, "w") as f:
@@ -164,8 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--commit", default=None, help="with --from-runs: the commit the runs ran at")
     a = p.parse_args(argv)
     seeds = [int(s) for s in a.seeds.split(",")]
-    commit = a.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                                        capture_output=True, text=True).stdout.strip()
+    commit = a.commit or head_commit()
     by_seed: dict[int, dict[str, Any]] = {}
     for seed in seeds:
         args = job_args(seed, a.steps, a.eval_every, a.fileroot, a.trial, a.lora)
@@ -173,13 +143,14 @@ def main(argv: list[str] | None = None) -> int:
         load = a.load or "not sampled"
         if not a.from_runs:
             run.mkdir(parents=True, exist_ok=True)
-            with LoadSampler() as sampler:
+            with LoadWatch() as watch:
                 try:
                     run_job(args, run / "study.log")
                 except RuntimeError as e:
                     print(f"real_model_learning: seed {seed}: {e}", file=sys.stderr)
                     return 1
-            load = sampler.text()
+            w = watch.summary()
+            load = f"load average mean {w['mean']:.2f}, max {w['max']:.2f} (sampled every 30 s)"
         try:
             rows = read_metrics(run / "logs" / "metrics.jsonl")
             by_seed[seed] = summarize(rows)

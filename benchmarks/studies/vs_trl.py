@@ -63,7 +63,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness.paths import ROOT, results_dir
-from benchmarks.studies.vs_trl_arms import LoadWatch, load_arm, save_arm
+from benchmarks.harness.run_context import LoadWatch
+from benchmarks.studies.vs_trl_arms import load_arm, save_arm
 from benchmarks.studies.vs_trl_figures import (
     arealite_summary,
     finish,

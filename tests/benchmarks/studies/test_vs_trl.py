@@ -126,19 +126,3 @@ def test_a_run_in_parts_keeps_finished_arms_and_reruns_the_rest(tmp_path, monkey
     ran.clear()  # other figures-affecting arguments: nothing is kept
     assert vs_trl.main([*argv, "--seconds", "50", *trl_python, "--resume"]) == 0  # the last --seconds wins
     assert ran == ["trl-2t-s1", "async-s1", "trl-2t-s2", "async-s2"]
-
-
-def test_the_load_watch_samples_while_the_arm_runs(monkeypatch):
-    """The load average is read at the start, every ``every`` seconds, and at the end."""
-    import itertools
-    import time
-
-    from benchmarks.studies import vs_trl_arms
-
-    loads = itertools.count(1.0)
-    monkeypatch.setattr(vs_trl_arms.os, "getloadavg", lambda: (next(loads), 0.0, 0.0))
-    with vs_trl_arms.LoadWatch(every=0.01) as watch:
-        time.sleep(0.2)
-    n = len(watch.samples)
-    assert n >= 4 and watch.samples == [float(i) for i in range(1, n + 1)]
-    assert watch.summary() == {"mean": round((n + 1) / 2, 2), "max": float(n), "samples": n}
