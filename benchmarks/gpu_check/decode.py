@@ -136,7 +136,10 @@ def measure(device: str, quick: bool, new: int) -> dict:
                 }
                 row["server_over_hf"] = row["server_tok_s"] / row["hf_static_tok_s"]
                 row["server_share_of_bound"] = row["server_tok_s"] / bound
-                rows.append({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()})
+                # four significant figures: on CPU the share of the bound is ~1e-3 and, on a
+                # busy machine, below 5e-4, which three decimals rounded to 0
+                rows.append({k: float(f"{v:.4g}") if isinstance(v, float) else v
+                             for k, v in row.items()})
                 print(
                     f"batch {b:>3}: server {row['server_tok_s']:9.1f} tok/s, HF static batch "
                     f"{row['hf_static_tok_s']:9.1f} tok/s ({row['server_over_hf']:.2f}x), bound "

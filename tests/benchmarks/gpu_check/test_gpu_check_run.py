@@ -31,7 +31,7 @@ def test_cpu_form_runs_its_parts_and_writes_one_results_file(tmp_path):
     assert all(
         r["server_tok_s"] > 0 and r["hf_static_tok_s"] > 0 and 0 < r["server_share_of_bound"] < 1
         for r in rows
-    )
+    ), rows
     log = (tmp_path / "gpu_check.log").read_text()
     assert "===== decode: ok" in log and "skipped" in log
 
