@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"real_model_learning: seed {seed}: {e}", file=sys.stderr)
                     return 1
             w = watch.summary()
-            load = f"load average mean {w['mean']:.2f}, max {w['max']:.2f} (sampled every 30 s)"
+            load = f"load average mean {w['mean']:.2f}, max {w['max']:.2f} (sampled every {watch.every:g} s)"
         try:
             rows = read_metrics(run / "logs" / "metrics.jsonl")
             by_seed[seed] = summarize(rows)

@@ -28,12 +28,12 @@ import contextlib
 import json
 import os
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from benchmarks.harness.paths import ROOT, results_dir
+from benchmarks.harness.run_context import LoadWatch
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -221,26 +221,6 @@ def steps_table(runs: dict[str, dict[str, Any]], points: list[int]) -> str:
 # --------------------------------------------------------------------------- runs
 
 
-class LoadSampler:
-    """The 1-minute load average, sampled every ``every`` seconds while a run goes."""
-
-    def __init__(self, every: float = 2.0) -> None:
-        self.samples = [os.getloadavg()[0]]
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(every,), daemon=True)
-        self._thread.start()
-
-    def _run(self, every: float) -> None:
-        while not self._stop.wait(every):
-            self.samples.append(os.getloadavg()[0])
-
-    def close(self) -> dict[str, float]:
-        self._stop.set()
-        self._thread.join()
-        return {"load_start": self.samples[0], "load_mean": sum(self.samples) / len(self.samples),
-                "load_max": max(self.samples)}
-
-
 def run_variant(name: str, a: argparse.Namespace, model: Path, data: Path, experiment: str,
                 base: list[str]) -> dict[str, Any]:
     """One variant through the local launcher; its figures and the machine's load meanwhile."""
@@ -250,17 +230,16 @@ def run_variant(name: str, a: argparse.Namespace, model: Path, data: Path, exper
 
     out = fresh_run_dir(Path(a.fileroot), experiment, name)
     argv = [a.config, *base, f"trial_name={name}", *variant_overrides(name, a.max_new_tokens), *a.override]
-    load = LoadSampler()
-    print(f"== {name} (load average {load.samples[0]:.1f}): arealite train {' '.join(argv)}", flush=True)
-    t0 = time.monotonic()
-    try:
+    with LoadWatch(every=2.0) as watch:
+        print(f"== {name} (load average {watch.samples[0]:.1f}): arealite train {' '.join(argv)}", flush=True)
+        t0 = time.monotonic()
         if a.verbose:
             code = launch(argv)
         else:
             with open(out / "console.log", "w") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
                 code = launch(argv)
-    finally:
-        machine = load.close()
+    loads = watch.samples
+    machine = {"load_start": loads[0], "load_mean": sum(loads) / len(loads), "load_max": max(loads)}
     metrics = out / "logs" / "metrics.jsonl"
     if code != 0 or not metrics.is_file():
         tail = log_tail(str(out / "console.log"), 30) if (out / "console.log").is_file() else ""
