@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -102,12 +103,16 @@ def create_dataloader(
         rows, num_replicas=world_size, rank=rank, shuffle=config.shuffle, seed=seed,
         drop_last=config.drop_last,
     )
-    return StatefulDataLoader(
-        rows,
-        batch_size=config.batch_size // world_size,
-        sampler=sampler,
-        num_workers=config.num_workers,
-        collate_fn=_collate,
-        drop_last=config.drop_last,
-        generator=torch.Generator().manual_seed(seed),
-    )
+    with warnings.catch_warnings():
+        # torchdata 0.11's constructor calls torch.set_vital, a no-op that torch 2.13 warns about:
+        # a warning in every trainer's log about torchdata's code, not ours or the user's
+        warnings.filterwarnings("ignore", message="'set_vital' is deprecated", category=UserWarning)
+        return StatefulDataLoader(
+            rows,
+            batch_size=config.batch_size // world_size,
+            sampler=sampler,
+            num_workers=config.num_workers,
+            collate_fn=_collate,
+            drop_last=config.drop_last,
+            generator=torch.Generator().manual_seed(seed),
+        )

@@ -1,5 +1,6 @@
 import csv
 import json
+import warnings
 
 import pytest
 
@@ -66,3 +67,18 @@ def test_sharding_over_ranks(toy_data_dir):
     assert not set(r0) & set(r1)
     with pytest.raises(ValueError):
         create_dataloader(rows, DatasetConfig(path="x", batch_size=3), world_size=2)
+
+
+def test_building_and_resuming_a_loader_prints_no_warning(toy_data_dir):
+    # a trainer's log shows what the run did; a third-party deprecation notice in every one of
+    # them (torchdata calling torch.set_vital) is noise a user cannot act on
+    cfg = DatasetConfig(path=str(toy_data_dir / "train.jsonl"), batch_size=8)
+    rows = load_rows(cfg)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dl = create_dataloader(rows, cfg, seed=3)
+        it = iter(dl)
+        next(it)
+        dl2 = create_dataloader(rows, cfg, seed=3)
+        dl2.load_state_dict(dl.state_dict())
+        assert len(list(dl2)) == len(rows) // 8 - 1
