@@ -32,6 +32,11 @@ def main(argv: list[str] | None = None) -> int:
     from servers.protocol.responses import Detokenizer
     from servers.state import ServerState
 
+    if logging.getLogger().level > logging.INFO:
+        # transformers' "Loading weights" bar is start-up chatter: shown at info and debug only
+        from transformers.utils.logging import disable_progress_bar
+
+        disable_progress_bar()
     torch.set_num_threads(args.num_threads)
     if args.random_seed is not None:
         torch.manual_seed(args.random_seed)

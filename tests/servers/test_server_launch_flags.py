@@ -1,5 +1,6 @@
 """Launch flags: one launcher plan starts either backend, no accidental open bind, and a
-weight-group rendezvous that is bounded and never outlives a SIGTERM."""
+weight-group rendezvous that is bounded and never outlives a SIGTERM, and a quiet log level that
+is quiet."""
 
 from __future__ import annotations
 
@@ -88,3 +89,20 @@ def test_rendezvous_is_bounded_and_sigterm_still_stops_the_server(tiny_model_dir
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=60)
             assert time.monotonic() - t0 < 30, "SIGTERM waited on the rendezvous"
+
+
+@pytest.mark.integration
+def test_log_level_warning_starts_without_progress_bars(tiny_model_dir):
+    # the launcher starts servers at --log-level warning: their log is then what went wrong, not
+    # transformers' "Loading weights" bar (which the default, info, shows, as SGLang shows its own)
+    from arealite.utils.network import find_free_port
+    from tests.support.procs import spawn, wait_http_ok
+
+    port = find_free_port()
+    cmd = [sys.executable, "-m", "servers.launch_server", "--model-path", str(tiny_model_dir),
+           "--port", str(port), "--log-level", "warning"]
+    with spawn(cmd) as (proc, log):
+        assert wait_http_ok(f"http://127.0.0.1:{port}/health", 120,
+                            alive=lambda: proc.poll() is None)
+        text = open(log).read()
+    assert "Loading weights" not in text, text[-2000:]
