@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,12 @@ def wrap_with_lora(model: nn.Module, cfg: LoRAConfig, model_kind: str = "causal_
         bias="none", task_type="CAUSAL_LM" if model_kind == "causal_lm" else None,
     )
     try:
-        return get_peft_model(model, lcfg)
+        with warnings.catch_warnings():
+            # peft 0.21 reads transformers' deprecated `is_gradient_checkpointing` alias: a
+            # FutureWarning about peft's code in every LoRA trainer's log
+            warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated",
+                                    category=FutureWarning)
+            return get_peft_model(model, lcfg)
     except ValueError as e:  # peft: "Target modules {...} not found in the base model"
         raise ValueError(f"lora.target_modules {cfg.target_modules}: {e}") from None
 

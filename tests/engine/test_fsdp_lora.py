@@ -145,3 +145,16 @@ def test_a_lora_grpo_run_must_push_through_disk_or_memory():
         cfg = GRPOConfig.model_validate({"actor": {"lora": {"rank": 4}},
                                          "weight_update": {"type": how}})
         assert cfg.actor.lora.rank == 4
+
+
+def test_wrapping_prints_no_warning(tiny_model_dir):
+    # a LoRA trainer's log shows what the run did, not peft's use of a deprecated transformers alias
+    import warnings
+
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        wrapped = lora.wrap_with_lora(model, LORA)
+    assert lora.is_lora_model(wrapped)
