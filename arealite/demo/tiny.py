@@ -216,6 +216,15 @@ def save_random_model(out: Path, model_cls: Any, config: Any, tok: Any, spec: Ti
     model.generation_config = GenerationConfig(
         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
     )
-    model.save_pretrained(str(out), safe_serialization=True)
+    from transformers.utils import logging as hf_logging
+
+    # one shard written in milliseconds: its progress bar is only noise in a job's first lines
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(str(out), safe_serialization=True)
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
     (out / "arealite_tiny_spec.json").write_text(json.dumps(asdict(spec), indent=2))
     return out

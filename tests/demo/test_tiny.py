@@ -37,3 +37,16 @@ def test_build_is_deterministic(tmp_path):
     for (na, pa), (nb, pb) in zip(ma.named_parameters(), mb.named_parameters()):
         assert na == nb and torch.equal(pa, pb)
     assert (a / "tokenizer.json").read_text() == (b / "tokenizer.json").read_text()
+
+
+def test_building_writes_no_progress_bar_and_leaves_bars_as_they_were(tmp_path, capfd):
+    from transformers.utils import logging as hf_logging
+
+    before = hf_logging.is_progress_bar_enabled()  # (an FSDP engine in this process turns them off)
+    hf_logging.enable_progress_bar()
+    try:
+        build_tiny_model(tmp_path / "m")
+        assert "Writing model shards" not in capfd.readouterr().err
+        assert hf_logging.is_progress_bar_enabled()  # a caller's own downloads still show theirs
+    finally:
+        (hf_logging.enable_progress_bar if before else hf_logging.disable_progress_bar)()
