@@ -238,8 +238,8 @@ def run_variant(name: str, a: argparse.Namespace, model: Path, data: Path, exper
         else:
             with open(out / "console.log", "w") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
                 code = launch(argv)
-    loads = watch.samples
-    machine = {"load_start": loads[0], "load_mean": sum(loads) / len(loads), "load_max": max(loads)}
+    w = watch.summary()
+    machine = {"load_start": watch.samples[0], "load_mean": w["mean"], "load_max": w["max"]}
     metrics = out / "logs" / "metrics.jsonl"
     if code != 0 or not metrics.is_file():
         tail = log_tail(str(out / "console.log"), 30) if (out / "console.log").is_file() else ""
