@@ -28,8 +28,6 @@ export TOKENIZERS_PARALLELISM ?= false
 # recipes here must not inherit PYTHONDONTWRITEBYTECODE (set in some shells): a process would
 # then compile torch again at each start.
 unexport PYTHONDONTWRITEBYTECODE
-# where reasoning-gym's cellpylib is installed, found without importing it (Python code)
-CELLPYLIB_DIR = import importlib.util as u; print(u.find_spec("cellpylib").submodule_search_locations[0])
 
 .PHONY: setup setup-areal setup-vllm setup-trl setup-lmeval run run-agent test test-unit test-slurm lint docs bench observe clean gpu-check gpu-check-prepare gpu-check-cpu
 
@@ -42,9 +40,10 @@ $(STAMP): pyproject.toml Makefile benchmarks/trl_requirements.txt
 	# one resolution and one editable build for every extra (ray: the Ray launcher's multi-node
 	# test, tests/launcher/test_launcher_ray.py)
 	$(PY) -m pip install -q --no-compile -e '.[dev,agents,lora,reasoning-gym,ray]'
-	# reasoning-gym's cellpylib compares with `is "..."`: compiled here with that warning off,
-	# not at its first import, where each process printed four SyntaxWarnings into the job's log
-	$(PY) -W ignore::SyntaxWarning -m compileall -q "$$($(PY) -c '$(CELLPYLIB_DIR)')"
+	# reasoning-gym's cellpylib compares with `is "..."`: imported once here with that warning
+	# off, which writes its .pyc files, instead of first in a job, where each process printed
+	# four SyntaxWarnings into the log
+	$(PY) -W ignore::SyntaxWarning -c "import cellpylib"
 	# TRL's own loss code for the differential tests (tests/engine/*/test_trl_*_parity.py), at the
 	# versions benchmarks/trl_requirements.txt pins: adds datasets/pandas/pyarrow, changes nothing
 	$(PY) -m pip install -q --no-compile trl -c benchmarks/trl_requirements.txt
