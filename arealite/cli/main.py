@@ -202,10 +202,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--dry-run", action="store_true", help="print config and commands only")
     r.set_defaults(fn=_cmd_train)
 
-    g = sub.add_parser("plot", help="draw metrics (default: reward, eval/accuracy) against step")
+    g = sub.add_parser("plot", help="draw metrics (default: reward, held-out right and exact shares, an eval_fn's accuracy) against step")
     g.add_argument("metrics", help="a run's logs/metrics.jsonl")
     g.add_argument("--out", required=True, help="PNG file to write")
-    g.add_argument("--keys", nargs="+", default=["reward", "eval/accuracy"])
+    g.add_argument("--keys", nargs="+", default=["reward", "eval/right", "eval/exact", "eval/accuracy"])
     g.set_defaults(fn=_cmd_plot)
 
     vj = sub.add_parser("vision-job", help="a tiny Qwen2-VL trained on a visual counting task "

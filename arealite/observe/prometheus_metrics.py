@@ -92,7 +92,7 @@ class TrainerMetrics:
                                     "Seconds with no episode in flight (rollout/idle_s)", registry=r)
         self.tokens = Counter("arealite_trainer_tokens", "Tokens (prompt + generated) trained on", registry=r)
         self.reward = Gauge("arealite_trainer_reward", "Mean reward of the last step's batch", registry=r)
-        self.eval_acc = Gauge("arealite_trainer_eval_accuracy", "Last held-out accuracy (eval/accuracy)", registry=r)
+        self.eval_acc = Gauge("arealite_trainer_eval_accuracy", "Last held-out right-answer share (eval/right; an eval_fn's eval/accuracy)", registry=r)
         self.stale_avg = Gauge("arealite_trainer_staleness_avg", "Mean token staleness of the last batch", registry=r)
         self.stale_max = Gauge("arealite_trainer_staleness_max", "Largest token staleness of the last batch", registry=r)
         self.stale_hist = Gauge("arealite_trainer_staleness_fraction",
@@ -124,8 +124,9 @@ class TrainerMetrics:
             self.tokens.inc(max(0.0, stats["perf/tokens_per_sec"] * stats["timeperf/step"]))
         if "reward" in stats:
             self.reward.set(stats["reward"])
-        if "eval/accuracy" in stats:
-            self.eval_acc.set(stats["eval/accuracy"])
+        right = stats.get("eval/right", stats.get("eval/accuracy"))
+        if right is not None:
+            self.eval_acc.set(right)
         if "staleness/avg" in stats:
             self.stale_avg.set(stats["staleness/avg"])
             self.stale_max.set(stats["staleness/max"])

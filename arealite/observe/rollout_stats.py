@@ -1,4 +1,4 @@
-"""Per-step rollout statistics and held-out evaluation for the RL entry scripts."""
+"""Per-step rollout statistics for the RL entry scripts (the held-out evaluation: ``heldout_eval``)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,7 @@ from typing import Any
 
 import torch
 
-from arealite.api.config.run import EvaluatorConfig
-from arealite.api.engine_api import InferenceEngine
 from arealite.api.reward_api import reward_stats
-from arealite.api.workflow_api import RolloutWorkflow
 from arealite.observe.length_bias import generated_lengths, length_bias_stats, run_mean_ratio
 
 
@@ -63,16 +60,3 @@ def batch_rollout_stats(batch: dict[str, torch.Tensor], rollout: Any, version: i
         out[f"reward_fn/{k}"] = float(val)
     return out
 
-
-def evaluate(
-    engine: InferenceEngine,
-    workflow: RolloutWorkflow,
-    rows: list[dict[str, Any]],
-    config: EvaluatorConfig,
-) -> dict[str, float]:
-    """Mean reward of ``workflow`` over the held-out rows (greedy by default: accuracy)."""
-    rows = rows[: config.max_prompts] if config.max_prompts else rows
-    if not rows:
-        return {}
-    batch = engine.rollout_batch(rows, workflow)
-    return {"eval/accuracy": batch["rewards"].float().mean().item(), "eval/n": float(len(rows))}

@@ -23,7 +23,13 @@ from arealite.api.config.run import StatsLoggerConfig
 CONSOLE_FIELDS: list[tuple[str, tuple[str, ...], str]] = [
     ("reward", ("rollout/reward/avg", "task_reward/avg", "ppo_actor/task_reward/avg",
                 "reward/avg", "reward"), "{:.3f}"),
-    ("eval_acc", ("eval/accuracy", "valid/accuracy", "eval/reward/avg"), "{:.3f}"),
+    # held-out (observe/heldout_eval.py): right answers, paid in full, in format, mean reward;
+    # an eval_fn's or the SFT trainer's accuracy
+    ("right", ("eval/right",), "{:.3f}"),
+    ("exact", ("eval/exact",), "{:.3f}"),
+    ("format", ("eval/format",), "{:.3f}"),
+    ("eval_score", ("eval/score", "eval/reward/avg"), "{:.3f}"),
+    ("eval_acc", ("eval/accuracy", "valid/accuracy"), "{:.3f}"),
     ("loss", ("loss", "ppo_actor/loss", "sft/loss", "train/loss"), "{:.4f}"),
     ("stale", ("staleness/avg", "rollout/staleness/avg", "ppo_actor/staleness/avg"), "{:.2f}"),
     ("tok/s", ("perf/tokens_per_sec", "tokens_per_sec"), "{:.0f}"),
@@ -31,8 +37,9 @@ CONSOLE_FIELDS: list[tuple[str, tuple[str, ...], str]] = [
 ]
 
 JSONL_NAME = "metrics.jsonl"
-# eval/ keys that are counts, not a grader's metrics (kept off the console line)
-EVAL_BOOKKEEPING = frozenset({"eval/n"})
+# eval/ keys that are counts or references, not a grader's metrics (kept off the console line;
+# so are the per-task eval/<task>/<name>)
+EVAL_BOOKKEEPING = frozenset({"eval/n", "eval/rows_written", "eval/gold_majority_share"})
 MAX_EVAL_EXTRA = 4
 
 
@@ -70,7 +77,8 @@ def format_console_line(step: int, stats: dict[str, float], total_steps: int | N
         parts.append(f"{label} {fmt.format(v) if isinstance(v, (int, float)) and math.isfinite(v) else v}")
     # a grader's own metrics (evaluator.eval_fn returns them as eval/<name>) follow, by name
     extra = [k for k in sorted(stats) if k.startswith("eval/") and k not in shown
-             and k not in EVAL_BOOKKEEPING][:MAX_EVAL_EXTRA]
+             and k not in EVAL_BOOKKEEPING and k.count("/") == 1
+             and not k.endswith("_rows")][:MAX_EVAL_EXTRA]
     for k in extra:
         v = stats[k]
         parts.append(f"{k.removeprefix('eval/')} "
@@ -215,7 +223,7 @@ def read_metrics(jsonl_path: str | os.PathLike) -> list[dict[str, Any]]:
 def plot_metrics(
     jsonl_path: str | os.PathLike,
     out_png: str | os.PathLike,
-    keys: Sequence[str] = ("rollout/reward/avg", "eval/accuracy"),
+    keys: Sequence[str] = ("rollout/reward/avg", "eval/right", "eval/accuracy"),
     title: str | None = None,
 ) -> Path:
     """Plot ``keys`` against ``step`` from a metrics file into ``out_png``; keys missing from

@@ -1,5 +1,5 @@
 """Held-out evaluation of the RL entry scripts: the user's function (``evaluator.eval_fn``) or
-the default mean greedy reward, run while no training episode is in flight and timed apart.
+the default one (``observe/heldout_eval.py``: right, exact, format, score, collapse), run while no training episode is in flight and timed apart.
 
 Why quiescent: an evaluation that shares the servers with running training episodes measures a
 busy pool and slows both; ``drain`` lets the running episodes finish (their trajectories stay
@@ -23,7 +23,7 @@ from arealite.api.eval_api import EvalFn, load_eval_fn  # noqa: F401 - load_eval
 from arealite.api.eval_api import context_for as _context_for
 from arealite.api.workflow_api import RolloutWorkflow
 from arealite.observe import trace
-from arealite.observe.rollout_stats import evaluate
+from arealite.observe.heldout_eval import evaluate
 
 
 class TrainClock:
@@ -57,11 +57,13 @@ def run_evaluation(
     context: dict[str, Any] | None = None,
     evaluate_here: bool = True,
     drain_timeout: float | None = None,
+    sample_workflow: RolloutWorkflow | None = None,
 ) -> dict[str, float]:
     """Drain the training rollout (no episode in flight), evaluate, start it again; returns the
     evaluation's stats plus ``timeperf/eval`` (drain included: it is time not spent training).
     Collective when torch.distributed is up: every rank drains its own episodes and waits
-    while the rank with ``evaluate_here`` (rank 0) evaluates."""
+    while the rank with ``evaluate_here`` (rank 0) evaluates. ``sample_workflow``: the default
+    evaluation's sampler for pass@k (``evaluator.pass_k``)."""
     t0 = time.perf_counter()
     executor = getattr(train_rollout, "executor", None)
     out: dict[str, float] = {}
@@ -71,7 +73,7 @@ def run_evaluation(
         if dist.is_initialized():
             dist.barrier()  # every rank's episodes are done: the servers are quiet
         if evaluate_here:
-            out = _evaluate(engine, workflow, rows, config, eval_fn, context)
+            out = _evaluate(engine, workflow, rows, config, eval_fn, context, sample_workflow)
         if dist.is_initialized():
             dist.barrier()
     finally:
@@ -86,8 +88,8 @@ def run_evaluation(
 
 def _evaluate(engine: InferenceEngine, workflow: RolloutWorkflow, rows: list[dict[str, Any]],
               config: EvaluatorConfig, eval_fn: EvalFn | None, context: dict[str, Any] | None,
-              ) -> dict[str, float]:
-    out = _evaluate_rows(engine, workflow, rows, config, eval_fn, context)
+              sample_workflow: RolloutWorkflow | None = None) -> dict[str, float]:
+    out = _evaluate_rows(engine, workflow, rows, config, eval_fn, context, sample_workflow)
     if config.lm_eval.tasks:  # lm-eval's tasks against the same servers, logged alongside
         from arealite.trainer.lm_eval_tasks import run_lm_eval
 
@@ -101,10 +103,15 @@ def _evaluate(engine: InferenceEngine, workflow: RolloutWorkflow, rows: list[dic
 
 def _evaluate_rows(engine: InferenceEngine, workflow: RolloutWorkflow, rows: list[dict[str, Any]],
                    config: EvaluatorConfig, eval_fn: EvalFn | None,
-                   context: dict[str, Any] | None) -> dict[str, float]:
+                   context: dict[str, Any] | None,
+                   sample_workflow: RolloutWorkflow | None = None) -> dict[str, float]:
     rows = rows[: config.max_prompts] if config.max_prompts else rows
     if eval_fn is None:
-        return evaluate(engine, workflow, rows, config)
+        ctx = context or {}
+        run = ctx.get("config")
+        log_dir = run.run_dir("logs") if hasattr(run, "run_dir") else None
+        return evaluate(engine, workflow, rows, config, ctx.get("tokenizer"), sample_workflow,
+                        log_dir, ctx.get("version"))
     ctx = {"workflow": workflow, **(context or {})}
     out = eval_fn(engine, rows, **_context_for(eval_fn, ctx))
     if not isinstance(out, dict):

@@ -72,6 +72,7 @@ class RLEngines:
     colocated: ColocatedPhases | None  # launcher.colocate: servers and trainer take turns
     # weight_update.consistency: the servers' next-token distributions against the actor's
     gate: ConsistencyGate | None = None
+    sample_workflow: RolloutWorkflow | None = None  # evaluator.pass_k: pass_n sampled replies a row
 
     @property
     def total_steps(self) -> int:
@@ -103,7 +104,8 @@ class RLEngines:
         """Held-out evaluation; drains the training rollout first (collective)."""
         context = {"tokenizer": self.tokenizer, "version": version, "config": self.config}
         return run_evaluation(self.rollout, self.eval_rollout, self.eval_workflow, self.valid_rows,
-                              self.config.evaluator, self.eval_fn, context, self.rank == 0)
+                              self.config.evaluator, self.eval_fn, context, self.rank == 0,
+                              sample_workflow=self.sample_workflow)
 
     def destroy(self) -> None:
         for engine in (self.rollout, self.eval_rollout, self.actor,
@@ -141,9 +143,12 @@ def build_rl_engines(config: GRPOConfig, rank: int, world: int) -> RLEngines:
     extra = {"processor": processor} if processor is not None else {}
     rm_kw = {"reward_model": rm} if rm is not None else {}
     workflow = build_workflow(config.workflow, config.gconfig, tokenizer, **extra, **rm_kw)
-    # evaluation keeps the rule reward alone: held-out accuracy stays the verifiable one
+    # evaluation keeps the rule reward alone: the held-out figures stay the verifiable ones
     eval_workflow = build_workflow(config.workflow, eval_generation(config), tokenizer, **extra)
     eval_fn = load_eval_fn(config.evaluator.eval_fn)
+    ev = config.evaluator
+    sample_workflow = None if not ev.pass_k or eval_fn is not None else build_workflow(
+        config.workflow, config.gconfig.new(n_samples=ev.pass_n or ev.pass_k), tokenizer, **extra)
     return RLEngines(
         config, rank, world, tokenizer, processor, loader, valid_rows, ft, DataCycle(),
         rollout, eval_rollout, actor, ref, critic, rm, workflow, eval_workflow, eval_fn,
@@ -151,7 +156,8 @@ def build_rl_engines(config: GRPOConfig, rank: int, world: int) -> RLEngines:
         keep=GroupRewardFilter() if config.actor.dynamic_sampling else None,
         colocated=_colocated_phases(config, rollout, actor, ref, rm, rank),
         gate=build_gate(config, workflow, valid_rows or train_rows, rank,
-                        rollout.keys.api_headers, vision=processor is not None))
+                        rollout.keys.api_headers, vision=processor is not None),
+        sample_workflow=sample_workflow)
 
 
 def eval_generation(config: GRPOConfig) -> GenerationHyperparameters:

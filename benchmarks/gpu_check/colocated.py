@@ -90,7 +90,7 @@ def _mean(rows: list[dict], key: str) -> float | None:
 def summarize(rows: list[dict], push_bytes: int, copy_s: float | None) -> dict:
     """The figures of one run's metrics rows (step 0: the initial evaluation)."""
     steps = [r for r in rows if r.get("step", 0) >= 1]
-    acc = [(r["step"], r["eval/accuracy"]) for r in rows if "eval/accuracy" in r]
+    acc = [(r["step"], r["eval/score"]) for r in rows if "eval/score" in r]
     phases = sorted(
         {k for r in steps for k in r if k.startswith("timeperf/")} - {"timeperf/train_elapsed"}
     )

@@ -28,7 +28,7 @@ Definitions (N = number of trainer steps, i = one step, all times in seconds):
   weights being updated (``staleness/hist_k`` weighted by each step's ``n_tokens``).
 - ``steady_step_s``: mean step time without step 1 (in an async run, step 1 waits for the first
   batch: the pipeline fill, ``first_wait_s``).
-- ``final_reward``: held-out greedy accuracy (``eval/accuracy``) after the last step;
+- ``final_reward``: held-out greedy mean reward (``eval/score``) after the last step;
   ``train_reward_last``: mean training reward over the last 10% of steps.
 - ``length_ratio``: the whole run's trained / generated mean length
   (``length_bias/run_mean_ratio`` of the last step that has it, ``arealite.observe.length_bias``;
@@ -107,7 +107,7 @@ def summarize(records: list[Record]) -> dict[str, Any]:
     total_w = sum(weights)
     hist = {k: v / total_w for k, v in sorted(hist.items())}
     tail = steps[-max(1, n // 10):]
-    evals = [r for r in records if isinstance(r.get("eval/accuracy"), (int, float))]
+    evals = [r for r in records if isinstance(r.get("eval/score"), (int, float))]
     return {
         "steps": n,
         "wall_s": wall,
@@ -122,8 +122,8 @@ def summarize(records: list[Record]) -> dict[str, Any]:
         "phases": phases,
         "staleness_hist": hist,
         "staleness_max": max((_get(r, "staleness/max") for r in steps), default=0.0),
-        "initial_reward": evals[0]["eval/accuracy"] if evals and evals[0].get("step") == 0 else None,
-        "final_reward": evals[-1]["eval/accuracy"] if evals and evals[-1].get("step", 0) >= 1 else None,
+        "initial_reward": evals[0]["eval/score"] if evals and evals[0].get("step") == 0 else None,
+        "final_reward": evals[-1]["eval/score"] if evals and evals[-1].get("step", 0) >= 1 else None,
         "eval_n": evals[-1].get("eval/n") if evals else None,
         "train_reward_last": sum(_get(r, "reward") for r in tail) / len(tail),
         "gen_len": sum(_get(r, "gen_len") for r in steps) / n,

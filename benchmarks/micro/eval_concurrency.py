@@ -46,7 +46,7 @@ def quick_overrides(folder: Path) -> list[str]:
 def evaluate_once(config, rows: list[dict], workflow, addr: str, cap: int) -> tuple[float, float]:
     """(seconds, accuracy) of one evaluation of ``rows`` with at most ``cap`` episodes in flight
     (0: all), through a fresh evaluation client on the server at ``addr``."""
-    from arealite.observe.rollout_stats import evaluate
+    from arealite.observe.heldout_eval import evaluate
     from arealite.rollout.remote_engine import RemoteInferenceEngine
     from arealite.trainer.rl_engines import eval_rollout_config
 
@@ -57,7 +57,7 @@ def evaluate_once(config, rows: list[dict], workflow, addr: str, cap: int) -> tu
     try:
         t0 = time.perf_counter()
         out = evaluate(engine, workflow, rows, ev)
-        return time.perf_counter() - t0, out["eval/accuracy"]
+        return time.perf_counter() - t0, out["eval/score"]
     finally:
         engine.destroy()
 

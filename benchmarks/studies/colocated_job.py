@@ -67,7 +67,7 @@ def main() -> None:
           f"{'acc end':>8} {'reward 1st/3':>13} {'reward 3rd/3':>13} {'max |dlogp|':>12}")
     for mode, (secs, rows) in res.items():
         st = [r for r in rows if r["step"] >= 1]
-        acc = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
+        acc = [r["eval/score"] for r in rows if "eval/score" in r]
         third = max(1, len(st) // 3)
         early = statistics.mean(r["reward"] for r in st[:third])
         late = statistics.mean(r["reward"] for r in st[-third:])

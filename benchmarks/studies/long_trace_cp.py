@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def report(rows: list[dict], a: argparse.Namespace, secs: float, context: int) -> str:
     steps = [r for r in rows if r.get("step", 0) >= 1 and "loss" in r]
-    acc = [(r["step"], r["eval/accuracy"]) for r in rows if "eval/accuracy" in r]
+    acc = [(r["step"], r["eval/score"]) for r in rows if "eval/score" in r]
     out = [
         f"GRPO, cp={a.cp} (one context-parallel group of {a.cp} trainer ranks), "
         f"{a.prompts} prompts x {a.samples} samples of {a.new_tokens} new tokens per step, "

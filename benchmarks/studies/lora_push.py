@@ -97,7 +97,7 @@ def run(name: str, a: argparse.Namespace, model: Path, data: Path) -> dict[str, 
     rows = [json.loads(ln) for ln in (out / "logs" / "metrics.jsonl").read_text().splitlines()
             if ln.strip()]
     steps = [r for r in rows if r.get("step", 0) >= 1 and "timeperf/weight_sync" in r]
-    evals = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
+    evals = [r["eval/score"] for r in rows if "eval/score" in r]
     push = out / "weights" / "v1"
     if push.is_dir():
         size = folder_bytes(push)

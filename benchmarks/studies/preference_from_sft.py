@@ -72,9 +72,9 @@ def _workflow(tokenizer: Any, n_samples: int, greedy: bool) -> Any:
 def greedy_accuracy(engine: Any, tokenizer: Any, rows: list[dict]) -> float:
     """Mean toy reward of greedy completions: the GRPO job's held-out evaluation."""
     from arealite.api.config.run import EvaluatorConfig
-    from arealite.observe.rollout_stats import evaluate
+    from arealite.observe.heldout_eval import evaluate
 
-    return evaluate(engine, _workflow(tokenizer, 1, True), rows, EvaluatorConfig())["eval/accuracy"]
+    return evaluate(engine, _workflow(tokenizer, 1, True), rows, EvaluatorConfig())["eval/score"]
 
 
 def sample_preferences(engine: Any, tokenizer: Any, rows: list[dict], n_samples: int,

@@ -31,7 +31,7 @@ from benchmarks.harness.paths import ROOT, results_dir
 from benchmarks.harness.run_context import LoadWatch, head_commit
 
 EXPERIMENT = "smollm2-rg-grpo"  # the config's experiment_name: the run folder's parent
-KEPT = ("eval/accuracy", "eval/n", "reward", "timeperf/step", "timeperf/train_elapsed",
+KEPT = ("eval/score", "eval/n", "reward", "timeperf/step", "timeperf/train_elapsed",
         "timeperf/eval", "logprob_agreement/max_abs_diff")
 RISE_TARGET = 0.15  # issue #39: a held-out rise of at least this much ...
 MINUTES_TARGET = 20.0  # ... within this many training minutes, in every seed
@@ -73,8 +73,8 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The evaluations (step, training minutes, score), the best rise over step 0 and where it
     came, and the mean training reward of the first and of the last 10 steps."""
     minutes = train_minutes(rows)
-    evals = [(r["step"], minutes.get(r["step"], float("nan")), r["eval/accuracy"])
-             for r in rows if "eval/accuracy" in r]
+    evals = [(r["step"], minutes.get(r["step"], float("nan")), r["eval/score"])
+             for r in rows if "eval/score" in r]
     if not evals or evals[0][0] != 0:
         raise ValueError("the run has no evaluation at step 0")
     base = evals[0][2]

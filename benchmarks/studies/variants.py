@@ -133,8 +133,8 @@ def variant_overrides(name: str, max_new_tokens: int) -> list[str]:
 def curve_of(records: list[dict[str, Any]]) -> Curve:
     """(step, training seconds, accuracy) of every held-out evaluation, step 0 at 0 s."""
     out = [(int(r.get("step", 0)), 0.0 if r.get("step", 0) == 0 else float(r["timeperf/train_elapsed"]),
-            float(r["eval/accuracy"]))
-           for r in records if isinstance(r.get("eval/accuracy"), (int, float))]
+            float(r["eval/score"]))
+           for r in records if isinstance(r.get("eval/score"), (int, float))]
     return sorted(out)
 
 

@@ -6,7 +6,7 @@ the true answer and by the asked colour: which part of the task a phase (SFT, GR
 Each model directory is a whole HF directory with its processor (an SFT output, a GRPO
 checkpoint). Decoding is transformers' greedy ``generate`` (up to 4 new tokens, the vision
 job's evaluation budget) on the prompt ``VisionRLVRWorkflow`` builds, scored by the job's own
-reward (``counting_reward``); the total is the server's greedy ``eval/accuracy`` of the same
+reward (``counting_reward``); the total is the server's greedy ``eval/score`` (mean reward) of the same
 weights. Prints one line a model: the total, then ``right/rows`` per answer and per colour.
 """
 

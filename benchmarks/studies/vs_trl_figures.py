@@ -82,8 +82,8 @@ def arealite_summary(records: list[dict[str, Any]], target: float) -> dict[str, 
     steps = sorted((r for r in records if r.get("step", 0) >= 1 and "timeperf/step" in r), key=lambda r: r["step"])
     if not steps:
         raise ValueError("no step records in the metrics")
-    curve: Curve = [(0.0 if r["step"] == 0 else float(r.get("timeperf/train_elapsed", 0.0)), float(r["eval/accuracy"]))
-                    for r in records if isinstance(r.get("eval/accuracy"), (int, float))]
+    curve: Curve = [(0.0 if r["step"] == 0 else float(r.get("timeperf/train_elapsed", 0.0)), float(r["eval/score"]))
+                    for r in records if isinstance(r.get("eval/score"), (int, float))]
     train_s = float(steps[-1]["timeperf/train_elapsed"])
     n = len(steps)
     phases = {p: sum(float(r.get(f"timeperf/{p}", 0.0)) for r in steps) / n

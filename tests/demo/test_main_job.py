@@ -57,7 +57,8 @@ def test_short_main_job(tmp_path, toy_assets):
     assert first["logprob_agreement/max_abs_diff"] < 5e-5
     assert abs(first["approx_kl/avg"]) < 1e-6
 
-    # Learning: greedy held-out accuracy rises over the SFT start (0.535; 200 prompts, so one
+    # Learning: greedy held-out mean reward (eval/score; the toy reward pays 1 for a right
+    # "#### N" and 0 otherwise, so it is also the exact share) rises over the SFT start (0.535; 200 prompts, so one
     # evaluation's paired difference has a standard error of ~0.035 and +0.05 is the bar), and
     # the sampled training reward of the last third beats the first third. The bar is on the
     # mean of the evaluations of the run's second half (steps 60, 90, 120): the first ones can
@@ -69,7 +70,7 @@ def test_short_main_job(tmp_path, toy_assets):
     # reward went 0.22-0.25 (first third) -> 0.32-0.36 (last third). The median, not the mean,
     # of the three: one dip still comes late (a quiet clean-clone CI run: 0.43, 0.625, 0.665 at
     # steps 60, 90, 120, mean 0.573 under the 0.585 bar); two of three must clear it.
-    evals = {r["step"]: r["eval/accuracy"] for r in rows if "eval/accuracy" in r}
+    evals = {r["step"]: r["eval/score"] for r in rows if "eval/score" in r}
     second_half = sorted(a for step, a in evals.items() if step >= STEPS // 2)
     assert len(second_half) == 3 and second_half[1] > evals[0] + 0.05, evals
     third = STEPS // 3

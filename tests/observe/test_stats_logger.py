@@ -47,7 +47,14 @@ def test_console_shows_only_present_keys_in_fixed_order():
     # a grader's own metrics reach the line by name (#37); eval/n, a count, does not
     line = format_console_line(4, {"eval/accuracy": 0.5, "eval/n": 16.0, "eval/exact": 0.25,
                                    "eval/mean_len": 3.0})
-    assert line == "step 4 | eval_acc 0.500 | exact 0.250 | mean_len 3.000"
+    assert line == "step 4 | exact 0.250 | eval_acc 0.500 | mean_len 3.000"
+    # the default evaluation's figures by their names, never as eval_acc; per-task ones and
+    # the gold's reference share stay in the metrics file
+    line = format_console_line(5, {"eval/right": 0.5, "eval/exact": 0.25, "eval/format": 0.5,
+                                   "eval/score": 0.3, "eval/collapse": 0.0, "eval/n": 8.0,
+                                   "eval/gold_majority_share": 0.1, "eval/gcd/right": 0.4})
+    assert line == ("step 5 | right 0.500 | exact 0.250 | format 0.500 | eval_score 0.300 "
+                    "| collapse 0.000")
 
 
 def test_print_every_and_non_finite_values(tmp_path):

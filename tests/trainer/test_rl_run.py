@@ -46,7 +46,7 @@ def test_after_step_saves_evaluates_and_checkpoints_on_schedule(tmp_path):
     # step's HF save
     assert saves == [("hf", "step2"), ("dcp", "weights"), ("hf", "step4"), ("dcp", "weights"),
                      ("hf", "step5")]
-    assert [i + 1 for i, s in enumerate(stats) if "eval/accuracy" in s] == [3, 5]  # and the last
+    assert [i + 1 for i, s in enumerate(stats) if "eval/score" in s] == [3, 5]  # and the last
     assert all(s["rollout/idle_ratio"] == 0.5 and "timeperf/step" in s for s in stats)
     assert rec.load_recover_info(rec.find_latest(rec.recover_root(config))).step == 3
     run.close()
@@ -63,7 +63,7 @@ def test_the_time_budget_ends_the_run_after_a_saved_evaluated_step(tmp_path):
     run.clock = TrainClock(already=6.0)  # the budget is used up during step 1
     stats: dict = {}
     assert run.after_step(e, 1, trajectories(), stats)
-    assert ("actor", "save", "hf", "step2") in calls and "eval/accuracy" in stats
+    assert ("actor", "save", "hf", "step2") in calls and "eval/score" in stats
     run.close()
 
 

@@ -73,6 +73,6 @@ def test_async_grpo_on_vllm_reward_rises(toy_assets, tmp_path):
     early = sum(r["reward"] for r in steps[:third]) / third
     late = sum(r["reward"] for r in steps[-third:]) / third
     assert late > early + 0.02, (early, late)
-    evals = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
+    evals = [r["eval/score"] for r in rows if "eval/score" in r]
     assert len(evals) == 2 and evals[-1] >= evals[0] - 0.10, evals
     assert all(r["reward"] > 0 for r in steps)

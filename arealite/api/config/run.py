@@ -50,9 +50,27 @@ class EvaluatorConfig(SaverConfig):
         None,
         description="(GRPO) Your evaluation, `module:function`, called as fn(engine, rows) -> dict of "
         "floats (plus tokenizer=, workflow=, version=, config= when it takes them) on the held-out rows, "
-        "with no training episode in flight; None: mean greedy reward (eval/accuracy). Its "
+        "with no training episode in flight; None: the default evaluation from the workflow's "
+        "reward_fn and the rows' answer field (eval/right, eval/exact, eval/format, eval/score: the "
+        "mean reward, majority shares and collapse; docs/observability.md#held-out-evaluation). Its "
         "time is logged as timeperf/eval and not counted in total_train_seconds.",
     )
+    answer_key: str = Field("answer", description="(default evaluation) The held-out rows' gold "
+                            "answer field; rows without it get eval/score (the mean reward) only.")
+    full_credit: float = Field(1.0, description="(default evaluation) A reply the reward pays at "
+                               "least this is paid in full: exact (and its answer right).")
+    pass_k: int | None = Field(None, ge=1, description="(default evaluation) Also sample pass_n "
+                               "replies a held-out row at the training temperature and log "
+                               "eval/pass@k (unbiased, of right; _exact: of exact). None: off.")
+    pass_n: int | None = Field(None, ge=1, description="Samples a row for pass@k; None: pass_k.")
+    rows_shown: int = Field(2, ge=0, description="(default evaluation) The best and the worst "
+                            "this many held-out replies, logged at each evaluation.")
+
+    @model_validator(mode="after")
+    def _pass_n_covers_k(self) -> EvaluatorConfig:
+        if self.pass_k and self.pass_n is not None and self.pass_n < self.pass_k:
+            raise ValueError(f"evaluator.pass_n ({self.pass_n}) must be at least pass_k ({self.pass_k})")
+        return self
     lm_eval: LMEvalConfig = Field(default_factory=LMEvalConfig, description="lm-eval tasks run with each evaluation.")
 
 

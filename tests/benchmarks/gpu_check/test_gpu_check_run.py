@@ -75,7 +75,7 @@ def test_a_part_is_skipped_when_the_budget_is_spent(tmp_path, monkeypatch):
 
 def test_colocated_figures_from_a_runs_metrics():
     rows = [
-        {"step": 0, "eval/accuracy": 0.5},
+        {"step": 0, "eval/score": 0.5},
         {
             "step": 1,
             "timeperf/step": 2.0,
@@ -94,7 +94,7 @@ def test_colocated_figures_from_a_runs_metrics():
             "colocate/release_servers_device_used_before_mib": 1000.0,
             "consistency/kl_mean": 3e-4,
             "logprob_agreement/max_abs_diff": 0.08,
-            "eval/accuracy": 0.7,
+            "eval/score": 0.7,
         },
     ]
     fig = summarize(rows, push_bytes=1000, copy_s=0.25)

@@ -30,12 +30,12 @@ def _step(step, elapsed, secs, wait, tps, idle, n_tokens, hist, reward, **extra)
 
 
 RECORDS = [
-    {"step": 0, "elapsed_s": 1.0, "eval/accuracy": 0.4, "eval/n": 10.0},
+    {"step": 0, "elapsed_s": 1.0, "eval/score": 0.4, "eval/n": 10.0},
     _step(1, 4.0, 2.5, 1.0, 400.0, 1.5, 100, {0: 1.0}, 0.2),
     _step(2, 6.5, 2.0, 0.5, 500.0, 1.0, 300, {0: 0.5, 1: 0.5}, 0.4,
           **{"length_bias/run_mean_ratio": 0.98}),
     # the last record is written after the final evaluation: its elapsed_s is not used
-    _step(3, 99.0, 2.5, 1.0, 400.0, 1.0, 100, {1: 1.0}, 0.6, **{"eval/accuracy": 0.6}),
+    _step(3, 99.0, 2.5, 1.0, 400.0, 1.0, 100, {1: 1.0}, 0.6, **{"eval/score": 0.6}),
 ]
 
 

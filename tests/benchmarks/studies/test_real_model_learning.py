@@ -16,12 +16,12 @@ from benchmarks.studies.real_model_learning import job_args, read_metrics, repor
 def write_run(path: Path, evals: dict[int, float], steps: int, step_s: float = 30.0) -> Path:
     """A metrics.jsonl as the trainer writes it: one row per step, the evaluation in its step's row
     (step 0: the evaluation alone), keys the study does not keep among them."""
-    rows = [{"step": 0, "elapsed_s": 1.0, "eval/accuracy": evals[0], "eval/n": 200.0}]
+    rows = [{"step": 0, "elapsed_s": 1.0, "eval/score": evals[0], "eval/n": 200.0}]
     for s in range(1, steps + 1):
         row = {"step": s, "reward": s / steps, "timeperf/step": step_s,
                "timeperf/train_elapsed": s * step_s, "grad_norm": 1.0}
         if s in evals:
-            row["eval/accuracy"] = evals[s]
+            row["eval/score"] = evals[s]
         rows.append(row)
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path

@@ -48,11 +48,11 @@ def test_every_variant_is_a_valid_config(name):
 
 
 def _records():
-    recs = [{"step": 0, "eval/accuracy": 0.4}]
+    recs = [{"step": 0, "eval/score": 0.4}]
     for s in range(1, 9):
         r = {"step": s, "timeperf/train_elapsed": 2.0 * s}
         if s % 4 == 0:
-            r["eval/accuracy"] = 0.5 if s == 4 else 0.7
+            r["eval/score"] = 0.5 if s == 4 else 0.7
         if s == 3:
             r["dynamic_sampling/drop_ratio"] = 0.5
         if s == 5:
@@ -76,7 +76,7 @@ def test_summary_and_tables():
     sp = vb.steps_table({"grpo": s}, [0, 4, 6])
     assert "| grpo | 0.40 | 0.50 | - | 0.70 | 0.30 |" in sp
     with pytest.raises(ValueError):
-        vb.summarize([{"step": 0, "eval/accuracy": 0.4}])
+        vb.summarize([{"step": 0, "eval/score": 0.4}])
 
 
 def test_noise_gap_is_the_widest_gap_within_a_pair_of_equal_updates():

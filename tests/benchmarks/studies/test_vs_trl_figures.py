@@ -28,12 +28,12 @@ def test_tta_ratio_exact_bound_and_missing():
 
 
 def _arealite_records():
-    recs = [{"step": 0, "eval/accuracy": 0.35, "timeperf/eval": 1.0}]
+    recs = [{"step": 0, "eval/score": 0.35, "timeperf/eval": 1.0}]
     for s in range(1, 21):
         r = {"step": s, "timeperf/step": 0.5, "timeperf/train_elapsed": 0.5 * s, "timeperf/rollout_wait": 0.1,
              "timeperf/logp": 0.0, "timeperf/update": 0.3, "timeperf/weight_sync": 0.05}
         if s % 10 == 0:
-            r["eval/accuracy"] = 0.6 if s == 10 else 0.82
+            r["eval/score"] = 0.6 if s == 10 else 0.82
         recs.append(r)
     return recs
 
@@ -48,7 +48,7 @@ def test_summaries_of_both_sides():
                               "phases": {"generate": 0.8, "train": 1.2}}, target=0.8)
     assert trl["step_s"] == 2.0 and trl["tta_s"] is None and trl["best_acc"] == 0.7
     with pytest.raises(ValueError):
-        vs_trl_figures.arealite_summary([{"step": 0, "eval/accuracy": 0.3}], target=0.8)
+        vs_trl_figures.arealite_summary([{"step": 0, "eval/score": 0.3}], target=0.8)
 
 
 def test_headlines_carry_the_targets_the_results_page_checks():
