@@ -96,9 +96,18 @@ def _cmd_toy_vision_data(args: argparse.Namespace) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from arealite.launcher.local import main as launch
+    import time
 
-    return launch([args.config, *args.overrides] + (["--dry-run"] if args.dry_run else []))
+    from arealite.launcher.local import main as launch
+    from arealite.observe.run_summary import summarize_run
+
+    t0 = time.monotonic()
+    code = launch([args.config, *args.overrides] + (["--dry-run"] if args.dry_run else []))
+    if code == 0 and not args.dry_run:  # the demo jobs' end-of-run summary
+        config = load_config(args.config, args.overrides)
+        summarize_run(config.run_dir(), time.monotonic() - t0, code,
+                      f"{config.experiment_name}/{config.trial_name}")
+    return code
 
 
 def _cmd_plot(args: argparse.Namespace) -> int:

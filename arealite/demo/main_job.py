@@ -125,7 +125,7 @@ def run_job(overrides: list[str] | None, *, grpo_config: str, sft_config: str, a
     from arealite.launcher import run_folder
     from arealite.launcher.local import main as launch
     from arealite.launcher.plan import LaunchError
-    from arealite.observe.stats_logger import plot_metrics, read_metrics
+    from arealite.observe.run_summary import summarize_run
 
     overrides, sft_overrides = split_sft_overrides(overrides)
     try:
@@ -147,21 +147,9 @@ def run_job(overrides: list[str] | None, *, grpo_config: str, sft_config: str, a
         return code
     print(f"== 3/3 {steps[2].format(backend=grpo.launcher.server_backend)}", flush=True)
     code = launch([grpo_config, *overrides])
-    out = grpo.run_dir()
-    metrics = out / "logs" / "metrics.jsonl"
-    if code == 0 and metrics.is_file():  # a failed run's outputs are not announced
-        png = out / "reward_curve.png"
-        # the title names only the curves drawn (the agent job logs no eval/accuracy)
-        names = {"reward": "reward", "eval/accuracy": "held-out accuracy"}
-        drawn = [n for k, n in names.items() if any(r.get(k) is not None for r in read_metrics(metrics))]
-        plot_metrics(metrics, png, keys=list(names),
-                     title=f"{grpo.experiment_name}/{grpo.trial_name}: {', '.join(drawn)}")
-        print(f"\nDone in {time.monotonic() - t0:.0f}s (exit {code}). Outputs:")
-        print(f"  metrics:      {metrics}")
-        print(f"  tensorboard:  {out / 'logs' / 'tensorboard'}")
-        print(f"  reward curve: {png}")
-        print(f"  checkpoints:  {out / 'checkpoints'}")
-        print(f"  logs:         {out / 'logs'}")
+    if code == 0:  # a failed run's outputs are not announced; the title names the curves drawn
+        summarize_run(grpo.run_dir(), time.monotonic() - t0, code,
+                      f"{grpo.experiment_name}/{grpo.trial_name}")
     return code
 
 

@@ -8,10 +8,11 @@ reasoning-gym problems graded by the tasks' own verifiers (``configs/smollm2_rg_
    configs and seed, same files);
 3. runs the config through the local launcher (embedded server + FSDP2 trainer), full
    fine-tuning by default, a LoRA adapter with ``--lora``;
-4. draws the reward and held-out accuracy curve.
+4. draws the reward and held-out right / exact curves and prints the end-of-run summary
+   (``observe/run_summary.py``, the same as ``arealite train``'s).
 
 The default task is the one the sweep picked (``benchmarks/studies/rg_task_sweep.py``: the base
-model's held-out greedy accuracy between 0.1 and 0.5); ``--tasks``/``--configs`` choose others.
+model's held-out greedy mean score between 0.1 and 0.5); ``--tasks``/``--configs`` choose others.
 Other ``key=value`` arguments go to the config, e.g. ``total_train_steps=2``.
 """
 
@@ -142,22 +143,11 @@ def main(argv: list[str] | None = None) -> int:
         *overrides,
     ]
     from arealite.launcher.local import main as launch
-    from arealite.observe.stats_logger import plot_metrics
+    from arealite.observe.run_summary import summarize_run
 
     code = launch([CONFIG, *overrides])
     out = load_config(CONFIG, overrides).run_dir()
-    metrics = out / "logs" / "metrics.jsonl"
-    if metrics.is_file():
-        png = out / "reward_curve.png"
-        plot_metrics(
-            metrics,
-            png,
-            keys=["reward", "eval/accuracy"],
-            title=f"{out.name}: reward, held-out accuracy",
-        )
-        print(
-            f"\nDone in {time.monotonic() - t0:.0f}s (exit {code}). metrics: {metrics}  curve: {png}"
-        )
+    summarize_run(out, time.monotonic() - t0, code, out.name)
     return code
 
 

@@ -4,11 +4,15 @@ with prometheus_client's own parser and its counters move as steps pass, and the
 (segments inside their request, requests inside their episode, phases inside their step) with
 step lengths equal to the logged step times. The run also has a reward-model pool started by
 the launcher (``launcher.reward_model_servers``): the trainer's workflow scores through it while
-it runs, and it is stopped with the rest."""
+it runs, and it is stopped with the rest. Started as a user starts a run (``arealite train``),
+it also checks the held-out evaluation's fields (not a learning figure), the kept held-out
+completions and the end-of-run summary that names them."""
 
 from __future__ import annotations
 
+import json
 import re
+import sys
 from pathlib import Path
 
 import psutil
@@ -66,14 +70,17 @@ def test_metrics_and_trace_of_a_short_run(tmp_path, tiny_model_dir, toy_data_dir
     run = [o for o in small_run(tiny_model_dir, toy_data_dir, STEPS, epochs=4)
            if o not in ("valid_dataset=null", "evaluator.freq_steps=null")]
     over = [*run, f"valid_dataset.path={toy_data_dir / 'valid.jsonl'}", "evaluator.freq_steps=3",
-            "evaluator.max_prompts=8", "stats_logger.trace=true",
+            "evaluator.max_prompts=8", "evaluator.pass_k=2", "stats_logger.trace=true",
             f"stats_logger.metrics_port={port}", "servers.enable_metrics=true",
             # the launcher's reward-model pool, scored through by the training workflow
             f"launcher.reward_model_servers.model_path={tiny_reward_model_dir}",
             "launcher.reward_model_servers.dtype=float32", "reward_model={}",
             "workflow.kwargs.reward_model_combine={mode: sum, model_weight: 0.5}"]
     cfg = run_dir(tmp_path, TRIAL) / "prometheus.yml"
-    with spawn(launcher_cmd("configs/toy_grpo.yaml", tmp_path, TRIAL, over)) as (proc, log):
+    # `arealite train`: the launcher's command line, then the end-of-run summary
+    cmd = [sys.executable, "-m", "arealite.cli.main", "train",
+           *launcher_cmd("configs/toy_grpo.yaml", tmp_path, TRIAL, over)[3:]]
+    with spawn(cmd) as (proc, log):
         def step() -> int:
             rows = [r["step"] for r in metrics(tmp_path, TRIAL)]
             return max(rows, default=0)
@@ -96,6 +103,7 @@ def test_metrics_and_trace_of_a_short_run(tmp_path, tiny_model_dir, toy_data_dir
         rm_server = next(c for c in psutil.Process(proc.pid).children(recursive=True)
                          if "--is-embedding" in c.cmdline())
         assert wait_exit(proc, log, 240) == 0
+        out = Path(log).read_text()
     psutil.wait_procs([rm_server], timeout=10)
     assert not rm_server.is_running()  # stopped with everything else
 
@@ -120,6 +128,27 @@ def test_metrics_and_trace_of_a_short_run(tmp_path, tiny_model_dir, toy_data_dir
 
     check_trace(run_dir(tmp_path, TRIAL) / "logs" / "trace_rank0.json",
                 [r for r in metrics(tmp_path, TRIAL) if r["step"] >= 1])
+    check_heldout(tmp_path, out)
+
+
+def check_heldout(fileroot: Path, out: str) -> None:
+    """The default evaluation's fields at steps 0, 3, 6, 9 and the last, each a share in
+    [0, 1] with exact <= right and exact <= format; its rows kept and named in the summary."""
+    evals = [r for r in metrics(fileroot, TRIAL) if "eval/right" in r]
+    assert [r["step"] for r in evals] == [0, 3, 6, 9, STEPS]
+    for r in evals:
+        assert r["eval/n"] == 8.0 and "eval/accuracy" not in r  # the mean reward is eval/score
+        for k in ("right", "exact", "format", "score", "majority_share", "gold_majority_share",
+                  "pass@2", "pass@2_exact"):
+            assert 0.0 <= r[f"eval/{k}"] <= 1.0, (k, r)
+        assert r["eval/exact"] <= min(r["eval/right"], r["eval/format"])
+        assert r["eval/collapse"] in (0.0, 1.0) and r["eval/pass@2_rows"] == 8.0
+    kept = run_dir(fileroot, TRIAL) / "logs" / "heldout_completions.jsonl"
+    rows = [json.loads(line) for line in kept.read_text().splitlines()]
+    assert len(rows) == 8 * len(evals) and sorted({r["step"] for r in rows}) == [0, 3, 6, 9, STEPS]
+    assert {"prompt", "reply", "gold", "right", "exact", "format", "score"} <= set(rows[0])
+    assert f"held-out completions: {kept}" in out and "last held-out evaluation, step 10: right" in out
+    assert "held-out (step 0) best" in out
 
 
 def check_trace(path: Path, rows: list[dict]) -> None:
