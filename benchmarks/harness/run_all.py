@@ -63,8 +63,8 @@ KNOWN["vs_trl"] = (
     "evaluation, prompts x samples per step, max new tokens and learning rate; each trains for "
     "the same training seconds (evaluations excluded). arealite runs TRL's estimator (grpo) with "
     "PPO's clip against the behaviour logprobs (decoupled loss off: vs_trl.ALGORITHM), weight "
-    "pushes that pause generation in place, and no recovery checkpoints. Seconds per step, held-out accuracy against training seconds, "
-    "training seconds to the target accuracy; ratios arealite / TRL (with --seeds: per seed and "
+    "pushes that pause generation in place, and no recovery checkpoints. Seconds per step, held-out mean score against training seconds, "
+    "training seconds to the target mean score; ratios arealite / TRL (with --seeds: per seed and "
     "of the means).")
 # Modules in the benchmark folders that are not benchmarks themselves (the harness is apart).
 HELPERS = {"__init__", "longtail_workflow", "trl_grpo"}

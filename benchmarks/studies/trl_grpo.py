@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
                 phase["generate_s"] += time.perf_counter() - t
 
     class EvalClock(TrainerCallback):
-        """Greedy held-out accuracy every N steps, off the training clock; stops on the budget."""
+        """Greedy held-out mean score every N steps, off the training clock; stops on the budget."""
 
         def __init__(self) -> None:
             self.curve: list[list[float]] = []
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
             trained = self.train_seconds() if self.t0 else 0.0
             acc = greedy_accuracy(model, tokenizer, valid, a.max_new_tokens, task=a.task)
             self.curve.append([step, trained, acc])
-            print(f"trl step {step}: train {trained:.1f}s, held-out accuracy {acc:.3f}", flush=True)
+            print(f"trl step {step}: train {trained:.1f}s, held-out mean score {acc:.3f}", flush=True)
             self.eval_s += time.perf_counter() - te
 
         def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:

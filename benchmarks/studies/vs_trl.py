@@ -29,9 +29,9 @@ seed). Each system trains for ``--seconds`` of training time (evaluations exclud
   the main job's recovery checkpoint every 10 steps (TRL saves nothing).
 
 Figures per system: steps, seconds per step (training seconds / steps), the phase times,
-held-out accuracy against training seconds, and the training seconds to the first evaluation at
+held-out mean score against training seconds, and the training seconds to the first evaluation at
 or above ``--target``. Headlines: arealite async / TRL for seconds per step (target <= 0.7) and
-for time to target accuracy (target <= 0.5); with several seeds, each seed's ratios and the
+for time to target mean score (target <= 0.5); with several seeds, each seed's ratios and the
 ratios of the means over seeds (which carry the targets: the first crossing of a noisy held-out
 curve moves by ~60% from seed to seed, on both sides). Each side is evaluated every
 ``--eval-every`` of its own steps, so the side with slower steps sees its crossing later; a time
@@ -39,7 +39,7 @@ ratio comes with its bound from the grid (TRL at its last evaluation below the t
 several seeds, also the time to the target on the seeds' mean curves (no target on that line:
 when the average run holds the target, where a first crossing also counts a run that touches it
 once and falls back). Writes ``benchmarks/results/vs_trl/vs_trl[_TAG].json`` (dated when its
-last arm finished) and a PNG of the accuracy curves.
+last arm finished) and a PNG of the mean-score curves.
 
 A run longer than one sitting goes in parts: ``--max-arms N`` runs at most N arms (one system,
 one seed) and exits 3 naming what is left; the same command with ``--resume`` reuses every arm
@@ -97,7 +97,7 @@ SYSTEMS = ("trl", "async", "sync")
 # the proximal policy is the current one, so the decoupled clip never binds (ratio 1, as in TRL)
 # and nothing bounds the first steps' overshoot; against the behaviour policy (up to eta versions
 # old) the clip is a trust region over the last eta updates. Measured (8 x 8, 5 tokens, seeds 1
-# and 2): first held-out accuracy >= 0.70 at steps 80 and 100, against 200-250 with the main
+# and 2): first held-out mean score >= 0.70 at steps 80 and 100, against 200-250 with the main
 # job's choices and 150-240 for TRL. ``docs/benchmarks.md`` has the runs.
 ALGORITHM = ["actor.adv_estimator=grpo", "actor.use_decoupled_loss=false", "actor.recompute_logprob=false"]
 
@@ -106,7 +106,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="60 s per system, target 0.5")
     p.add_argument("--seconds", type=float, default=None, help="training seconds per system (default 300)")
-    p.add_argument("--target", type=float, default=None, help="held-out accuracy target (default 0.7; 0.5 with --quick)")
+    p.add_argument("--target", type=float, default=None, help="held-out mean score target (default 0.7; 0.5 with --quick)")
     p.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated, from {SYSTEMS}")
     p.add_argument("--prompts", type=int, default=8, help="prompts per step")
     p.add_argument("--samples", type=int, default=8, help="samples per prompt")

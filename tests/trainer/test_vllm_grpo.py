@@ -65,7 +65,7 @@ def test_async_grpo_on_vllm_reward_rises(toy_assets, tmp_path):
     assert steps[0]["logprob_agreement/n_tokens"] > 100
     assert steps[0]["logprob_agreement/max_abs_diff"] < 1e-4
     # Learning: the sampled training reward rises (the criterion; 30 steps x 128
-    # samples a third), and greedy held-out accuracy does not fall beyond noise. From the SFT
+    # samples a third), and the greedy held-out mean reward does not fall beyond noise. From the SFT
     # start (0.535) 90 steps gave 0.585 held-out once and 0.46 once (an async run's samples
     # differ from run to run): the standard error of a difference of two 200-prompt
     # evaluations is ~0.05, so a fall counts when it passes two of them.
