@@ -1,13 +1,27 @@
-"""Which reasoning-gym task leaves a real model room to learn: the base model's held-out greedy
-accuracy (mean of the task's own ``score_answer``) on each candidate task.
+"""Which reasoning-gym task leaves a real model room to learn: the base model's held-out figures
+on each candidate task.
 
 Held-out rows come from ``arealite.dataset.reasoning_gym`` (the job's own split, prompts and
-system prompt); completions are greedy, batched with transformers' ``generate`` (left padding),
-and scored by ``workflows.rewards.reasoning_gym`` in-process. Prints one line per task and
-writes ``benchmarks/results/rg_task_sweep/<label>.json``.
+system prompt). Two ways to measure:
+
+- default: greedy completions batched with transformers' ``generate`` (left padding), scored by
+  ``workflows.rewards.reasoning_gym`` in-process: the mean score (the task's own partial
+  credit) with the tag required and with an untagged reply taken whole, and the share scored 1.0;
+- ``--arealite``: the trainer's own held-out evaluation (``arealite.observe.heldout_eval``) through
+  an embedded server and the real-model job's workflow and reward
+  (``configs/smollm2_rg_grpo.yaml``): ``right`` (the answer right wherever it stands), ``exact``
+  (right and in the format the reward pays), ``format``, the mean score, the majority-answer
+  share beside the gold's, and with ``--pass-k K`` the pass@K of right over K replies a row
+  sampled at the job's temperature (the headroom RL can draw on). ``--shots N`` puts N solved
+  train problems of the task before each question, as earlier turns whose answers are in the
+  required format (``<answer>N</answer>``), so format is shown rather than learned.
+
+Prints one line per task and writes ``benchmarks/results/rg_task_sweep/<label>.json``.
 
     python -m benchmarks.studies.rg_task_sweep --model outputs/assets/smollm2 \
         --tasks chain_sum,basic_arithmetic,leg_counting --n 32 --max-new-tokens 16
+    python -m benchmarks.studies.rg_task_sweep --arealite --shots 3 --pass-k 8 --n 64 \
+        --max-new-tokens 12 --tasks chain_sum,gcd --label smollm2_fewshot
 """
 
 from __future__ import annotations
@@ -76,17 +90,101 @@ def sweep(a: argparse.Namespace, tasks: list[str], out: Path) -> list[dict]:
         rec = {"task": name, "config": spec.config, "n": len(rows)}
         for mode in ("none", "whole"):
             scores = [reasoning_gym_reward("", c, untagged=mode, **r) for r, c in zip(rows, comps)]
-            rec[f"accuracy_{mode}"] = sum(scores) / len(scores)
+            rec[f"score_{mode}"] = sum(scores) / len(scores)
             rec[f"exact_{mode}"] = sum(x >= 1.0 for x in scores) / len(scores)
         rec["seconds"] = time.monotonic() - t0
         rec["samples"] = [{"gold": r["answer"], "out": c} for r, c in zip(rows, comps)]
         table.append(rec)
         print(
-            f"{name:24s} mean score {rec['accuracy_whole']:.3f}  exact {rec['exact_whole']:.3f}  "
-            f"(tag required: {rec['accuracy_none']:.3f})  {rec['seconds']:.0f}s",
+            f"{name:24s} mean score {rec['score_whole']:.3f}  exact {rec['exact_whole']:.3f}  "
+            f"(tag required: {rec['score_none']:.3f})  {rec['seconds']:.0f}s",
             flush=True,
         )
         out.write_text(json.dumps({"args": vars(a), "table": table}, indent=1))
+    return table
+
+
+def few_shot_rows(spec, n: int, shots: int, seed: int, system_prompt: str,
+                  prefix: str) -> list[dict]:
+    """``n`` held-out rows of one task, each prompt with ``shots`` solved train problems of the
+    same task before its question (user turn, then the answer as the reward wants it)."""
+    from arealite.dataset.reasoning_gym import build_rows
+
+    valid = build_rows([spec], n, seed, "valid", system_prompt, answer_prefix=prefix)
+    if shots == 0:
+        return valid
+    train = build_rows([spec], shots, seed, "train", system_prompt,
+                       avoid={r["question"] for r in valid})
+    turns = []
+    for r in train:
+        turns += [{"role": "user", "content": r["question"]},
+                  {"role": "assistant", "content": f"<answer>{r['answer']}</answer>"}]
+    for r in valid:
+        msgs = r["messages"]
+        head = 1 if msgs and msgs[0]["role"] == "system" else 0
+        r["messages"] = msgs[:head] + turns + msgs[head:]
+    return valid
+
+
+def sweep_arealite(a: argparse.Namespace, tasks: list[str], out: Path) -> list[dict]:
+    """One record per task from the trainer's own evaluation on one embedded server: greedy
+    right / exact / format / score / majority shares, and pass@k of sampled replies."""
+    import tempfile
+
+    from arealite.api.config.experiment import GRPOConfig
+    from arealite.api.config.loader import load_config
+    from arealite.api.config.run import EvaluatorConfig
+    from arealite.api.workflow_factory import build_workflow
+    from arealite.dataset.reasoning_gym import TaskSpec
+    from arealite.observe.heldout_eval import COMPLETIONS_FILE, evaluate
+    from arealite.rollout.remote_engine import RemoteInferenceEngine
+    from arealite.trainer.common import load_tokenizer
+    from arealite.trainer.rl_engines import eval_generation, eval_rollout_config
+    from benchmarks.harness.paths import ROOT
+    from benchmarks.harness.server_process import Server
+
+    configs = json.loads(a.configs)
+    config = load_config(str(ROOT / "configs" / "smollm2_rg_grpo.yaml"),
+                         [f"actor.path={a.model}", f"gconfig.max_new_tokens={a.max_new_tokens}"],
+                         GRPOConfig)
+    tok = load_tokenizer(a.model)
+    greedy = build_workflow(config.workflow, eval_generation(config), tok)
+    k = a.pass_k
+    sampled = build_workflow(config.workflow, config.gconfig.new(n_samples=k), tok) if k else None
+    ev = EvaluatorConfig(pass_k=k or None, rows_shown=0)
+    table: list[dict] = []
+    with Server(a.model, "--dtype", "float32", "--random-seed", str(a.seed),
+                "--context-length", "1024") as server:
+        for name in tasks:
+            t0 = time.monotonic()
+            spec = TaskSpec(name, 1.0, configs.get(name, {}))
+            try:
+                rows = few_shot_rows(spec, a.n, a.shots, a.seed, a.system_prompt, a.answer_prefix)
+            except ValueError as e:
+                print(f"{name:24s} skipped: {e}", flush=True)
+                table.append({"task": name, "error": str(e)})
+                continue
+            cfg = eval_rollout_config(config, len(rows) * max(k, 1))
+            engine = RemoteInferenceEngine(cfg.model_copy(update={"server_addrs": [server.addr]}))
+            engine.initialize()
+            try:
+                with tempfile.TemporaryDirectory() as tmp:
+                    figs = evaluate(engine, greedy, rows, ev, tok, sampled, tmp, 0)
+                    kept = [json.loads(x) for x in (Path(tmp) / COMPLETIONS_FILE).read_text().splitlines()]
+            finally:
+                engine.destroy()
+            rec = {"task": name, "config": spec.config, "shots": a.shots, "n": len(rows),
+                   **{key.removeprefix("eval/"): v for key, v in figs.items()},
+                   "seconds": time.monotonic() - t0,
+                   "samples": [{"gold": r["gold"], "reply": r["reply"], "right": r["right"],
+                                "exact": r["exact"]} for r in kept[:12]]}
+            table.append(rec)
+            pk = f"  pass@{k} {rec[f'pass@{k}']:.3f}" if k else ""
+            print(f"{name:24s} right {rec['right']:.3f}  exact {rec['exact']:.3f}  format "
+                  f"{rec['format']:.3f}  score {rec['score']:.3f}{pk}  majority "
+                  f"{rec['majority_share']:.2f} (gold {rec['gold_majority_share']:.2f})  "
+                  f"{rec['seconds']:.0f}s", flush=True)
+            out.write_text(json.dumps({"args": vars(a), "table": table}, indent=1))
     return table
 
 
@@ -107,6 +205,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--threads", type=int, default=1, help="torch threads")
     p.add_argument("--label", default="smollm2")
+    p.add_argument("--arealite", action="store_true",
+                   help="the trainer's own evaluation on an embedded server (right, exact, format, pass@k)")
+    p.add_argument("--shots", type=int, default=0, help="(--arealite) solved examples before each question")
+    p.add_argument("--pass-k", type=int, default=0, help="(--arealite) pass@k from k sampled replies a row; 0: off")
     a = p.parse_args(argv)
     tasks = [t.strip() for t in a.tasks.split(",") if t.strip()]
     try:
@@ -122,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(a.threads)
     out = results_dir("rg_task_sweep") / f"{a.label}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    sweep(a, tasks, out)
+    (sweep_arealite if a.arealite else sweep)(a, tasks, out)
     print(f"wrote {out}")
     return 0
 
