@@ -24,8 +24,9 @@ def test_few_shot_rows_show_the_format_before_each_question():
         shots = m[1:-2]
         assert [t["role"] for t in shots] == ["user", "assistant"] * 3
         assert not {t["content"] for t in shots[::2]} & held_out
-        for q, ans in zip(shots[::2], shots[1::2]):  # each shown answer is paid in full
+        for ans in shots[1::2]:  # each shown answer in the tags the system prompt asks for
             assert ans["content"].startswith("<answer>") and ans["content"].endswith("</answer>")
+    # and a reply continuing the prefill that way is paid in full
     gold = rows[0]["answer"]
     kw = {k: v for k, v in rows[0].items() if k != "prompt"}
     assert reasoning_gym_reward("", f"{gold}</answer>", untagged="whole", **kw) == 1.0
