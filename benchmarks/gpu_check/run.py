@@ -177,7 +177,9 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="folder for gpu_check.json and gpu_check.log (default: benchmarks/results/gpu_check)",
     )
-    ap.add_argument("--budget", type=int, default=540, help="seconds for all parts together")
+    ap.add_argument("--budget", type=int, default=None,
+                    help="seconds for all parts together (default: 540 on cuda, inside the device "
+                         "tool's 600 s call; on cpu the sum of the parts' CPU limits)")
     ap.add_argument(
         "--parts",
         default=",".join(p.name for p in PARTS),
@@ -195,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
         if not torch.cuda.is_available():
             print("gpu_check: --device cuda but torch sees no CUDA device", file=sys.stderr)
             return 2
+    if a.budget is None:
+        a.budget = 540 if a.device == "cuda" else sum(p.limit_cpu for p in PARTS if p.name in names)
     out = Path(a.out or ROOT / "benchmarks" / "results" / "gpu_check")
     out.mkdir(parents=True, exist_ok=True)
     results: dict = {"device": a.device, "quick": a.quick, "budget_s": a.budget, "parts": {}}
