@@ -33,7 +33,7 @@ SFT_CONFIG = "configs/toy_sft.yaml"
 # point, and GRPO's start, moved with any upstream change (0.565 or 0.39 from one warm start's
 # recipe). At the cosine's end the last steps barely move the model: the held-out figure is flat
 # over the last 60 steps (docs/quickstart.md has the curve).
-SFT_WARM_START = ["total_train_steps=WARM_STEPS", "model.optimizer.lr_scheduler_type=cosine"]
+SFT_WARM_START = ["total_train_steps=440", "model.optimizer.lr_scheduler_type=cosine"]
 WARM_START_TRIAL = "warm-start"
 
 
