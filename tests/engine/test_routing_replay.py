@@ -14,7 +14,7 @@ from arealite.api.trajectory import (
     pad_sequences_to_tensors,
     routed_experts_row,
 )
-from arealite.engine.fsdp_engine import replay_rows
+from arealite.engine.routing_replay import replay_rows
 from arealite.engine.packing import dummy_row, pack_tensor_dict
 from arealite.engine.routing_replay import (
     RoutingReplay,
