@@ -17,7 +17,7 @@ The broadcast transport's group lives here, kept across updates (``prepare_group
 the group backend is ``meta.backend`` when set, else ``nccl`` when every server runs on CUDA and
 ``gloo`` otherwise (``/server_info`` ``device``), written back to ``meta.backend``.
 
-This room sits below the transports: they call its fan-out and its group, and ``run`` is handed
+This module sits below the transports: they call its fan-out and its group, and ``run`` is handed
 the transport (``TransferSteps``: the two hooks it calls) by the caller, who picks it from the
 table (``arealite.weights.table.transport_for``). Neither this module nor the transports know
 the table, so the table can import every transport.
