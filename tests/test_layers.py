@@ -1,7 +1,8 @@
 """The layers of docs/architecture.md, read from the code: every import (``ast``, so imports
-inside functions and under ``TYPE_CHECKING`` count too) must point down the table below, and
-``arealite/api`` has no import cycle. A new sub-package fails here until it gets a row, so the
-doc and the code cannot drift apart again. Imports by name count too: a string in ``arealite/``
+inside functions and under ``TYPE_CHECKING`` count too) must point down the table below, and no
+two modules of ``arealite/``, ``servers/`` or ``workflows/`` import each other, directly or
+around a loop; no file there is over 500 lines. A new sub-package fails here until it gets a
+row, so the doc and the code cannot drift apart again. Imports by name count too: a string in ``arealite/``
 or ``workflows/`` that names another unit's module (``package.module:Name`` or a dotted module)
 is an import the ``ast`` walk cannot see, and fails here."""
 
@@ -105,22 +106,120 @@ def test_no_import_points_up():
         f"  {s} -> {d}: {lines}" for (s, d), lines in sorted(bad.items()))
 
 
-def test_api_has_no_import_cycle():
-    mods = {m: p for m, p in _modules().items() if m.startswith("arealite.api.")}
-    graph = {m: {i for i in _imports(p) if i in mods} for m, p in mods.items()}
-    state: dict[str, int] = {}  # 1 on the stack, 2 done
+# The trees where no two modules may import each other, directly or around a loop.
+CYCLE_FREE = ("arealite", "servers", "workflows")
+MAX_LINES = 500
 
-    def visit(m: str, stack: list[str]) -> None:
-        state[m] = 1
-        for n in sorted(graph[m]):
-            assert state.get(n) != 1, "import cycle: " + " -> ".join(stack[stack.index(n):] + [n])
-            if n not in state:
-                visit(n, stack + [n])
-        state[m] = 2
 
-    for m in sorted(graph):
-        if m not in state:
-            visit(m, [m])
+def module_graph(packages: tuple[str, ...] = CYCLE_FREE) -> dict[str, set[str]]:
+    """module -> the project modules it imports, read from the source with ``ast``: imports at
+    the top of a file, under ``if TYPE_CHECKING:`` and inside functions all count. A package is
+    its ``__init__``; ``from package import name`` is the submodule ``name`` where there is one,
+    else the package."""
+    files = {}
+    for pkg in packages:
+        for f in (ROOT / pkg).rglob("*.py"):
+            parts = f.relative_to(ROOT).with_suffix("").parts
+            files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
+
+    def resolve(name: str) -> str | None:
+        while name and name not in files:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph = {}
+    for mod, path in files.items():
+        out = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            out.update(resolve(n) for n in names if n.split(".")[0] in packages)
+        graph[mod] = out - {None, mod}
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[tuple[list[str], list[str]]]:
+    """Each circle: a strongly connected component of more than one module (Tarjan's
+    algorithm, iterative), as its sorted members and one shortest loop through the first
+    (``[a, b, ..., a]``); sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            v, edges = work[-1]
+            w = next(edges, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                elif w in on_stack:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = set()
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    comp.add(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    components.append(comp)
+    cycles = []
+    for comp in components:
+        start = min(comp)
+        paths = {start: [start]}  # breadth-first inside the component: a shortest way back
+        queue = [start]
+        while queue:
+            v = queue.pop(0)
+            nxt = sorted(graph[v] & comp)
+            if start in nxt:
+                cycles.append((sorted(comp), paths[v] + [start]))
+                break
+            for w in nxt:
+                if w not in paths:
+                    paths[w] = paths[v] + [w]
+                    queue.append(w)
+    return sorted(cycles)
+
+
+def test_no_import_cycle():
+    cycles = import_cycles(module_graph())
+    assert not cycles, "import circles:\n" + "\n".join(
+        f"  {len(members)} modules {members}, e.g. {' -> '.join(loop)}"
+        for members, loop in cycles)
+
+
+def test_import_cycles_are_seen():
+    """The check above finds what it must: a direct pair, a longer loop, none in a chain."""
+    graph = {"a": {"b"}, "b": {"a", "c"}, "c": {"d"}, "d": {"e"}, "e": {"c"}, "f": {"a"}}
+    assert import_cycles(graph) == [(["a", "b"], ["a", "b", "a"]),
+                                    (["c", "d", "e"], ["c", "d", "e", "c"])]
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_no_file_over_500_lines():
+    long = {str(f.relative_to(ROOT)): n for pkg in CYCLE_FREE for f in (ROOT / pkg).rglob("*.py")
+            if (n := len(f.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"files over {MAX_LINES} lines (split them by concept): {long}"
 
 
 # A string that names a module, ``package.module`` or ``package.module:Name`` (import_by_path's

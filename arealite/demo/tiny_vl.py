@@ -1,6 +1,7 @@
 """A tiny Qwen2-VL vision-language model, its image processor and a processor, built locally.
 
-The same recipe as the text model (``arealite.demo.tiny``): a config with random weights
+The same recipe as the text model (``arealite.demo.tiny``; the spec, tokenizer and saving
+are ``tiny_spec`` and ``tiny_tokenizer``): a config with random weights
 (text decoder with head_dim 32 and untied embeddings, a two-block vision tower with 8-pixel
 patches), the locally trained tokenizer with Qwen2-VL's vision tokens, and Qwen2-VL's image
 processor configured for small images (a 64 x 64 image is 8 x 8 patches, 16 image tokens after
@@ -15,14 +16,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from arealite.demo.tiny import (
+from arealite.demo.tiny_spec import TinyModelSpec, save_random_model
+from arealite.demo.tiny_tokenizer import (
     IMAGE_PAD,
     VIDEO_PAD,
     VISION_END,
     VISION_START,
-    TinyModelSpec,
     build_tokenizer,
-    save_random_model,
 )
 
 PATCH_SIZE = 8

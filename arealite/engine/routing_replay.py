@@ -168,3 +168,15 @@ class RoutingReplay:
     def close(self) -> None:
         for h in self._handles:
             h.remove()
+
+
+def replay_rows(packed: dict[str, torch.Tensor]) -> torch.Tensor | None:
+    """A packed micro-batch's ``routed_experts`` in the order the model sees its tokens: with
+    shared prompts (``shared_input_ids``) each shared token takes its packed rows' routing."""
+    rows = packed.get("routed_experts")
+    if rows is None or "expand_index" not in packed:
+        return rows
+    shared = rows.new_full((packed["shared_input_ids"].shape[0], rows.shape[1]), -1)
+    valid = rows[:, 0] >= 0  # a row's last token (-1) never overwrites a shared token's routing
+    shared[packed["expand_index"][valid]] = rows[valid]
+    return shared

@@ -5,7 +5,9 @@ Threads: the trainer thread calls ``submit``/``wait``/``prepare_batch``; one dae
 an asyncio loop (uvloop when installed) that launches episodes. The loop thread and the version
 clock belong to the engine, which lends them here (and runs its own coroutines, weight updates
 and health probes, on the same loop without going through the executor); an executor built
-without them (tests) makes its own.
+without them (tests) makes its own. The loop side, launching episodes and filing their
+outcomes, is ``episode_runner.py``; the dataloader side (``prepare_batch``'s rows) is
+``data_cycle.py``; both are mixed into ``WorkflowExecutor``, which owns the queues and the lock.
 
 Backpressure (both bounds are ``config.queue_size``, by default (η+2)·B + M per rank, at
 least 16):
@@ -47,26 +49,18 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
 from typing import Any
-
-import torch
 
 from arealite.api.config.rollout import InferenceEngineConfig
 from arealite.api.io_struct import RolloutStat, VersionClock
-from arealite.api.trajectory import (
-    DATA_EPOCHS_KEY,
-    EPISODE_IDS_KEY,
-    TensorDict,
-    check_trajectory,
-    concat_padded_tensors,
-)
+from arealite.api.trajectory import TensorDict, concat_padded_tensors
 from arealite.api.workflow_api import RolloutWorkflow
 from arealite.observe.idle_time import IdleMeter
 from arealite.observe.rollout_observer import RolloutObserver
 from arealite.rollout import staleness
 from arealite.rollout.accounting import RolloutAccounts
 from arealite.rollout.data_cycle import DataCycle, DataloaderFeed
+from arealite.rollout.episode_runner import EpisodeResult, EpisodeRunner, PendingEpisode
 from arealite.rollout.loop_thread import LoopThread
 from arealite.rollout.staleness import StalenessManager, take_oldest
 
@@ -86,27 +80,7 @@ class RolloutFailing(RuntimeError):
     waiting out their whole timeout."""
 
 
-@dataclass
-class _Pending:
-    data: Any
-    workflow: RolloutWorkflow
-    group: int | None  # rollout_batch's own episodes; None for the shared queue
-    attempts: int = 0  # earlier failed episodes of this row (prepare_batch draws it again)
-    observed: Any = None  # the observer's record of its submission
-    epoch: int = -1  # the epoch its dataloader row was drawn in (-1: no dataloader)
-
-
-@dataclass
-class _Result:
-    traj: TensorDict
-    start_version: int
-    group: int | None
-    data: Any = None  # the row it came from: in flight until trained (see inflight_data)
-    attempts: int = 0
-    epoch: int = -1
-
-
-class WorkflowExecutor(DataloaderFeed):
+class WorkflowExecutor(EpisodeRunner, DataloaderFeed):
     def __init__(
         self, config: InferenceEngineConfig, engine: Any, loop: LoopThread | None = None,
         clock: VersionClock | None = None,
@@ -118,8 +92,8 @@ class WorkflowExecutor(DataloaderFeed):
         self._restored = False  # restore() before initialize(): counters applied there
         self.queue_size = 0
         self.default_timeout = config.request_timeout
-        self._input: deque[_Pending] = deque()
-        self._results: deque[_Result] = deque()
+        self._input: deque[PendingEpisode] = deque()
+        self._results: deque[EpisodeResult] = deque()
         self._group_done: dict[int, int] = {}
         self._groups = itertools.count()
         self._cond = threading.Condition()
@@ -134,7 +108,7 @@ class WorkflowExecutor(DataloaderFeed):
         self._lt = loop or LoopThread("rollout-executor")
         self._lt.on_exit = self._notify_all
         self.observer: RolloutObserver | None = None  # told of each episode (set_observer)
-        self._running: dict[int, _Pending] = {}  # started episodes, by launch number
+        self._running: dict[int, PendingEpisode] = {}  # started episodes, by launch number
         self._starts: dict[int, tuple[int | None, int]] = {}  # their (group, start version)
         self._launches = itertools.count()
         self._data = DataCycle()
@@ -191,97 +165,6 @@ class WorkflowExecutor(DataloaderFeed):
     def _check_alive(self) -> None:
         self._lt.check_alive("rollout executor")
 
-    # ------------------------------------------------------------------ the loop side
-
-    def launch_ready(self) -> None:
-        """The loop's step: start every queued episode the gate admits (run on each wake-up)."""
-        g = self.gate
-        while not self._paused and not self._held and not self._lt.stopping:
-            with self._cond:
-                if not self._input:
-                    return
-                if len(self._results) + g.stat().running >= self.queue_size:
-                    return  # output backpressure: the trainer has to consume first
-                if not g.try_start():
-                    return
-                item = self._input.popleft()
-                key = next(self._launches)
-                serial = self._accounts.next_serial()
-                if not self._running:
-                    self._idle.busy()
-                self._running[key] = item
-                start_version = g.version
-                self._starts[key] = (item.group, start_version)
-                self._cond.notify_all()  # room in the input queue
-            self._lt.spawn(self._run_episode(key, item, start_version, serial))
-
-    async def _run_episode(self, key: int, item: _Pending, start_version: int,
-                           serial: int = -1) -> None:
-        g = self.gate
-        obs = self.observer
-        seen = None if obs is None else obs.on_episode_start(item.observed)  # in this task
-        outcome = "failed"
-        try:
-            traj = await item.workflow.arun_episode(self.engine, item.data)
-            outcome = "rejected" if traj is None else "accepted"
-            if traj is not None:
-                check_trajectory(traj)
-                n = next(iter(traj.values())).shape[0]
-                traj[EPISODE_IDS_KEY] = torch.full((n,), serial, dtype=torch.long)
-                traj[DATA_EPOCHS_KEY] = torch.full((n,), item.epoch, dtype=torch.long)
-        except asyncio.CancelledError:
-            g.on_fail()
-            with self._cond:
-                self._end_locked(key)
-            raise
-        except Exception as e:  # noqa: BLE001 - a workflow bug must not kill the loop
-            g.on_fail()
-            self._fail_streak += 1
-            self._last_failure = f"{type(e).__name__}: {e}"
-            logger.exception("workflow %s failed on one episode", type(item.workflow).__name__)
-            with self._cond:
-                self._end_locked(key)  # notifies the waiters
-                if item.group is None:  # a dataloader row: drawn again, or dropped and counted
-                    self._data.redraw(item.data, item.attempts, self.episode_retries, item.epoch)
-                    self._finish_group_locked(item.group)
-                elif item.attempts < self.episode_retries:  # rollout_batch's: run it again
-                    item.attempts += 1
-                    self._data.redrawn += 1
-                    self._input.appendleft(item)
-                    self.gate.on_submit()
-                else:  # rollout_batch's, out of retries: the step goes on without it
-                    self._data.drop(item.data, item.attempts + 1, item.epoch, "failed")
-                    self._finish_group_locked(item.group)
-        else:
-            self._fail_streak = 0
-            with self._cond:
-                self._end_locked(key)  # with the append below: never in neither place
-                if traj is None:
-                    g.on_reject()
-                else:
-                    self._results.append(_Result(traj, start_version, item.group, item.data,
-                                                 item.attempts, item.epoch))
-                    self._accounts.finished(traj)
-                    g.on_accept()
-                self._finish_group_locked(item.group)
-                self._cond.notify_all()
-        finally:
-            if obs is not None:
-                obs.on_episode_end(seen, outcome, self.clock.value)
-            self._lt.wake_here()
-
-    def _end_locked(self, key: int) -> None:
-        """Episode ``key`` is no longer running (call under ``_cond``); the last one starts idle."""
-        self._running.pop(key, None)
-        self._starts.pop(key, None)
-        if not self._running:
-            self._idle.idle()
-        self._cond.notify_all()  # drain() waits for the last; a batch for a last-chance one
-
-    def _finish_group_locked(self, group: int | None) -> None:
-        if group is not None and group in self._group_done:
-            self._group_done[group] += 1
-
     # ------------------------------------------------------------------ the trainer side
 
     def submit(
@@ -304,7 +187,7 @@ class WorkflowExecutor(DataloaderFeed):
                         f"or raise queue_size. {self._describe()}"
                     )
                 self._cond.wait(min(left, 1.0))
-            self._input.append(_Pending(data, workflow, _group, _attempts, observed, _epoch))
+            self._input.append(PendingEpisode(data, workflow, _group, _attempts, observed, _epoch))
             self.gate.on_submit()
         self._lt.wake()
 
@@ -385,12 +268,12 @@ class WorkflowExecutor(DataloaderFeed):
         should_accept: Callable[[TensorDict], bool] | None,
         group: int | None,
         raise_on_timeout: bool,
-    ) -> list[_Result] | None:
+    ) -> list[EpisodeResult] | None:
         """Take ``count`` results of ``group`` (all of them when ``count`` is None) that pass the
         checks. On timeout, puts back what it took and raises or returns None."""
         deadline = time.monotonic() + (self.default_timeout if timeout is None else timeout)
         hold_until = time.monotonic() + staleness.LAST_CHANCE_WAIT
-        kept: list[_Result] = []
+        kept: list[EpisodeResult] = []
         while count is None or len(kept) < count:
             with self._cond:
                 n = None if count is None else count - len(kept)
@@ -398,7 +281,7 @@ class WorkflowExecutor(DataloaderFeed):
                     # episodes this batch is the last chance for (staleness.LAST_CHANCE_WAIT)
                     n -= min(n, self.gate.last_chance([v for grp, v in self._starts.values()
                                                        if grp == group]))
-                taken: list[_Result] = []
+                taken: list[EpisodeResult] = []
                 if n != 0:
                     taken, self._results = take_oldest(self._results, group, n)
                 if not taken:
@@ -449,7 +332,7 @@ class WorkflowExecutor(DataloaderFeed):
         with self._cond:
             return self._accounts.take_generated()
 
-    def _check_failing(self, kept: list[_Result]) -> None:
+    def _check_failing(self, kept: list[EpisodeResult]) -> None:
         """Raise when the last max(16, 4·B) episodes all failed (call under ``_cond``)."""
         limit = max(16, 4 * self.gate.batch_size)
         if self._fail_streak >= limit:

@@ -448,7 +448,8 @@ class RemoteInferenceEngine(RolloutControl):
         update), then verification: they rejoin the pool, or ``WeightVerificationError``."""
         async def go() -> None:
             session = self._sessions.get()
-            report = await self.weight_sync.run(session, list(addrs), meta)
+            transport = transport_for(meta, native=self.weight_sync.native is not None)
+            report = await self.weight_sync.run(session, list(addrs), meta, transport=transport)
             missing = [a for a in addrs if a not in report.updated]
             bad = {a: report.failed.get(a, "not updated") for a in missing}
             if meta.verify and not bad:

@@ -37,6 +37,8 @@ def start_offline_run(argv: list[str] | None, cls: type[BaseExperimentConfig]) -
     train_rows = load_rows(config.train_dataset)
     valid_rows = load_rows(config.valid_dataset) if config.valid_dataset else []
     loader = create_dataloader(train_rows, config.train_dataset, config.seed, rank, world)
-    ft = FinetuneSpec(config.total_train_epochs, len(train_rows), config.train_dataset.batch_size)
-    total = min(ft.total_train_steps, config.total_train_steps or ft.total_train_steps)
+    # the total_train_steps cap is where the run, and so its lr schedule, ends (as in RL runs)
+    ft = FinetuneSpec(config.total_train_epochs, len(train_rows), config.train_dataset.batch_size,
+                      config.total_train_steps)
+    total = ft.total_train_steps
     return OfflineRun(config, rank, tokenizer, train_rows, valid_rows, loader, ft, total)

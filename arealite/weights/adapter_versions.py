@@ -17,7 +17,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import aiohttp
 
@@ -25,10 +25,25 @@ from arealite.api.io_struct import WeightUpdateError, WeightUpdateMeta, WeightUp
 from arealite.weights.shared_tensors import LORA_FROM_TENSORS_PATH, lora_tensors_body
 
 if TYPE_CHECKING:
-    from arealite.weights.adapters import AdapterTransport
     from arealite.weights.fanout import WeightSync
 
 logger = logging.getLogger("arealite.weights.adapter_versions")
+
+
+class AdapterLoad(Protocol):
+    """What ``AdapterVersions.push`` calls of an adapter transport
+    (``arealite.weights.adapters.AdapterTransport``, which hands itself in): the versions sit
+    below the transports, which know them through ``PoolSide``."""
+
+    def folder(self, meta: WeightUpdateMeta) -> str | None:
+        ...
+
+    async def ready(self, sync: WeightSync, meta: WeightUpdateMeta, timeout: float) -> None:
+        ...
+
+    async def load(self, sync: WeightSync, session: aiohttp.ClientSession, addrs: list[str],
+                   meta: WeightUpdateMeta, report: WeightUpdateReport, timeout: float) -> list[str]:
+        ...
 
 
 class AdapterVersions:
@@ -43,7 +58,7 @@ class AdapterVersions:
         self.tensors: tuple[dict, dict] | None = None  # the current in-memory push's adapter
 
     async def push(self, session: aiohttp.ClientSession, addrs: list[str],
-                   meta: WeightUpdateMeta, sync: WeightSync, transport: AdapterTransport,
+                   meta: WeightUpdateMeta, sync: WeightSync, transport: AdapterLoad,
                    on_pause: Callable[[bool], None] | None = None) -> WeightUpdateReport:
         """Load ``meta.lora_name`` on ``addrs`` the way of ``transport`` (from its folder, or
         in memory by the trainer's own posts), make it current, unload the versions past the
@@ -92,7 +107,7 @@ class AdapterVersions:
         return report
 
     async def _load(self, session: aiohttp.ClientSession, addrs: list[str],
-                    meta: WeightUpdateMeta, sync: WeightSync, transport: AdapterTransport,
+                    meta: WeightUpdateMeta, sync: WeightSync, transport: AdapterLoad,
                     report: WeightUpdateReport, timeout: float) -> list[str]:
         """The servers of ``addrs`` that loaded the adapter; raises ``WeightUpdateError`` when
         none did."""

@@ -277,4 +277,7 @@ class ConsistencyGate:
             if addr in res.failed:
                 logger.error("CONSISTENCY GATE FAILED: %s (%s)", line, res.failed[addr])
             else:
-                logger.info("consistency gate: %s", line)
+                # the first pass says the gate runs and what it measures; later passes are in the
+                # metrics (consistency/*) and at debug, not a console line every `every` pushes
+                logger.log(logging.INFO if self.last is None else logging.DEBUG,
+                           "consistency gate: %s", line)

@@ -2,8 +2,8 @@
 
 Order: the transport's ``prepare`` (before anything is paused) -> ``/pause_generation`` on all
 servers at once -> ``/begin_weight_update`` (404 = older server without sessions, tolerated) ->
-the transport's ``transfer`` (``arealite.weights.table``: disk reload calls, the broadcast's
-buckets, the trainer's by-reference pushes, vLLM's native transfer) -> ``/end_weight_update``
+the transport's ``transfer`` (disk reload calls, the broadcast's buckets, the trainer's
+by-reference pushes, vLLM's native transfer) -> ``/end_weight_update``
 (404 tolerated) -> ``/continue_generation``. Every call is time-boxed. A server that fails a step is
 dropped from the rest of the sequence and reported; ``continue_generation`` is sent to every
 server that was paused, whatever happened, so no server is left paused. The paths and bodies
@@ -16,6 +16,11 @@ The broadcast transport's group lives here, kept across updates (``prepare_group
 ``/server_info``). The client publishes ``meta.world_size`` before pausing anything (the trainer waits for it);
 the group backend is ``meta.backend`` when set, else ``nccl`` when every server runs on CUDA and
 ``gloo`` otherwise (``/server_info`` ``device``), written back to ``meta.backend``.
+
+This module sits below the transports: they call its fan-out and its group, and ``run`` is handed
+the transport (``TransferSteps``: the two hooks it calls) by the caller, who picks it from the
+table (``arealite.weights.table.transport_for``). Neither this module nor the transports know
+the table, so the table can import every transport.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -34,14 +39,26 @@ from arealite.backends.base import GenerateProtocol
 from arealite.backends.sglang import SGLANG
 from arealite.utils.http import HTTPStatusError, call_json, describe_error
 from arealite.utils.keys import HINT
-from arealite.weights.table import transport_for
-from arealite.weights.transport import WeightTransport
 
 logger = logging.getLogger("arealite.weights.fanout")
 
 
 # SGLang's answer to /begin_weight_update while a session is open (our servers give the same)
 STALE_SESSION = "a weight-update session is already open"
+
+
+class TransferSteps(Protocol):
+    """What ``WeightSync.run`` calls of a transport's client half
+    (``arealite.weights.transport.WeightTransport`` has both)."""
+
+    async def prepare(self, sync: WeightSync, session: aiohttp.ClientSession, addrs: list[str],
+                      meta: WeightUpdateMeta, timeout: float, failed: dict[str, str]) -> list[str]:
+        ...
+
+    async def transfer(self, sync: WeightSync, session: aiohttp.ClientSession,
+                       alive: list[str], meta: WeightUpdateMeta, failed: dict[str, str],
+                       timeout: float) -> list[str]:
+        ...
 
 
 @dataclass
@@ -178,11 +195,10 @@ class WeightSync:
 
     async def run(
         self, session: aiohttp.ClientSession, addrs: list[str], meta: WeightUpdateMeta,
-        on_pause: Callable[[bool], None] | None = None,
-        transport: WeightTransport | None = None,
+        on_pause: Callable[[bool], None] | None = None, *, transport: TransferSteps,
     ) -> WeightUpdateReport:
-        """The whole sequence, with ``transport``'s client half (None: the one ``meta``
-        names, ``arealite.weights.table``) checking before the pause and transferring
+        """The whole sequence, with ``transport``'s client half (the one ``meta`` names:
+        ``arealite.weights.table.transport_for``) checking before the pause and transferring
         between begin and end; returns which servers now hold ``meta.version``. Raises
         ``WeightUpdateError`` (with ``.report``) when no server was updated or a distributed
         transfer broke. ``on_pause(True)`` is called just before ``/pause_generation`` and
@@ -193,8 +209,6 @@ class WeightSync:
         failed = report.failed
         proto = self.protocol
         try:
-            if transport is None:
-                transport = transport_for(meta, native=self.native is not None)
             addrs = await transport.prepare(self, session, addrs, meta, timeout, failed)
             if on_pause is not None:
                 on_pause(True)

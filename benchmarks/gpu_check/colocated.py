@@ -196,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
             else 0
         )
         copy_s = copy_seconds(nbytes, a.device) if nbytes else None
-        # each check's own line (v0: step 0), as the trainer logged it
+        # the lines the trainer logged: the first check's (v0: step 0) and any failure's (later
+        # passes are at debug; every check's figures are in the metrics: `gate`)
         tlog = metrics.with_name("trainer.log")
         text = tlog.read_text().splitlines() if tlog.is_file() else []
         checks = [

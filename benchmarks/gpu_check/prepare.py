@@ -1,5 +1,6 @@
-"""Prepare what the device check needs to travel: the pinned wheels of ``wheels.txt``
-(Python 3.12, x86-64 manylinux, no dependencies resolved) downloaded into ``.whl/`` (git-ignored,
+"""Prepare what the device check needs to travel: the wheels of the packages ``wheels.txt``
+names, at the versions the lock pins (``requirements/run.txt``, so the two cannot disagree;
+Python 3.12, x86-64 manylinux, no dependencies resolved) downloaded into ``.whl/`` (git-ignored,
 named in the device call's ``carry``), then the size of what travels checked against the
 device tool's 64 MiB: the files git would send (tracked, and untracked but not ignored) plus
 ``.whl/``.
@@ -16,6 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from benchmarks.harness.lockfile import canonical, read_lock
+
 ROOT = Path(__file__).resolve().parents[2]
 WHEELS = Path(__file__).with_name("wheels.txt")
 PLATFORMS = [
@@ -29,11 +32,10 @@ PLATFORMS = [
 
 
 def pinned() -> list[str]:
-    return [
-        ln.split("#")[0].strip()
-        for ln in WHEELS.read_text().splitlines()
-        if ln.split("#")[0].strip()
-    ]
+    """``name==version`` for every package ``wheels.txt`` names, the version from the lock."""
+    lock = read_lock("run")
+    names = [ln.split("#")[0].strip() for ln in WHEELS.read_text().splitlines()]
+    return [f"{n}=={lock[canonical(n)]}" for n in names if n]
 
 
 def have(dest: Path, spec: str) -> bool:

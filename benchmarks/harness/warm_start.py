@@ -12,7 +12,7 @@ def ensure_model(fileroot: Path) -> tuple[Path, Path]:
     """The main job's SFT warm-start model and toy data, built as ``make run`` builds them."""
     from arealite.demo.main_job import (
         SFT_CONFIG,
-        SFT_STOP_ACCURACY,
+        SFT_WARM_START,
         WARM_START_TRIAL,
         asset_overrides,
         build_assets,
@@ -26,7 +26,7 @@ def ensure_model(fileroot: Path) -> tuple[Path, Path]:
         print(f"building the SFT warm-start model -> {sft}", flush=True)
         code = launch([str(ROOT / SFT_CONFIG), f"trial_name={WARM_START_TRIAL}",
                        *asset_overrides(assets, "model.path"), f"cluster.fileroot={fileroot}",
-                       f"output_dir={sft}", f"stop_at_valid_accuracy={SFT_STOP_ACCURACY}"])
+                       f"output_dir={sft}", *SFT_WARM_START])
         if code != 0:
             raise SystemExit(f"SFT warm start failed (exit {code})")
     return sft, assets / "toy_math"

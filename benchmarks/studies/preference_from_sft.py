@@ -4,8 +4,8 @@
                                              [--sft-weight A] [--kto-beta B]
                                              [--kto-desirable-weight W]
 
-1. The main job's assets (tiny model, toy task, SFT warm start stopped at
-   ``main_job.SFT_STOP_ACCURACY``) under ``{fileroot}/assets``, built as ``make run`` builds
+1. The main job's assets (tiny model, toy task, SFT warm start of
+   ``main_job.SFT_WARM_START``) under ``{fileroot}/assets``, built as ``make run`` builds
    them when missing.
 2. One embedded server on the SFT model; through ``RemoteInferenceEngine`` and the GRPO job's
    workflow (``RLVRWorkflow`` with the toy grader), ``samples`` completions at temperature 1

@@ -3,7 +3,7 @@
     python -m benchmarks.studies.vs_trl [--quick] [--seconds S] [--target ACC] [--systems trl,async,sync]
                                 [--seeds 1,2,3] [--trl-threads 1] [--override KEY=VALUE ...]
 
-Needs TRL's virtualenv: ``make setup-trl`` (``benchmarks/trl_requirements.txt``, pinned).
+Needs TRL's virtualenv: ``make setup-trl`` (``requirements/trl.txt``, pinned).
 
 Common to every system: the main job's tiny Qwen2 model and SFT warm start (built as ``make
 run`` builds them when missing, under ``{fileroot}/assets``), the toy arithmetic task's

@@ -24,13 +24,11 @@ from typing import Any
 
 import torch
 
-from servers.engine.grammar import GrammarStep
+from servers.engine.latency_histogram import E2E_BUCKETS, TTFT_BUCKETS, LatencyHistogram
 from servers.engine.model_runner import ModelRunner
-from servers.engine.sampling import BatchSampling, apply_penalties, sample
+from servers.engine.next_token import NextToken
 from servers.engine.sequence import Sequence, weight_version_spans
 from servers.engine.shared_prefill import prefill_distinct
-from servers.protocol.request import compile_stop_regex
-from servers.routes.metrics import E2E_BUCKETS, TTFT_BUCKETS, LatencyHistogram
 
 logger = logging.getLogger(__name__)
 
@@ -65,8 +63,6 @@ class Engine:
         self.weight_version = weight_version
         self.max_running = max_running_requests
         self.max_prefill_tokens = max_prefill_tokens
-        self.generator = torch.Generator(device=runner.device)
-        self.generator.manual_seed(random_seed if random_seed is not None else int(time.time()))
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.paused_mode: str | None = None
@@ -84,10 +80,8 @@ class Engine:
         self._recent: deque[tuple[float, int]] = deque(maxlen=256)  # (time, tokens) per step
         self.ttft_hist = LatencyHistogram(TTFT_BUCKETS)  # /metrics; one observe per request
         self.e2e_hist = LatencyHistogram(E2E_BUCKETS)
-        # constrained rows' masks and matchers (grammar.GrammarStep)
-        self._grammar = GrammarStep()
-        self._batch_key: tuple = ()
-        self._batch: BatchSampling | None = None
+        # each row's next token: sampling settings, logit adjustments, grammar, stop rules
+        self.next_token = NextToken(runner, random_seed)
         self.last_step_time = time.time()
         self.heartbeat = time.monotonic()  # each turn of the loop: a stuck step stops it
 
@@ -332,8 +326,8 @@ class Engine:
         done = [s for s in new if s.max_new_tokens == 0]
         for s in done:
             self._finish(s, {"type": "length", "length": 0})
-        tokens, logps, tops = self._sample(active, logits)
-        for s in self._grammar.sampled(active, tokens):
+        tokens, logps, tops = self.next_token.sample(active, logits)
+        for s in self.next_token.grammar.sampled(active, tokens):
             self._finish(s, _internal_error("the grammar rejected a sampled token"))
             done.append(s)
         now = time.time()
@@ -349,7 +343,7 @@ class Engine:
             if s.first_token_time is None:
                 s.first_token_time = now
             produced += 1
-            reason = self._check_stop(s, tok)
+            reason = self.next_token.stop_reason(s, tok)
             if reason is not None:
                 self._finish(s, reason)
                 done.append(s)
@@ -393,92 +387,6 @@ class Engine:
             k = min(s.top_logprobs_num, lp.shape[-1])
             tv, ti = lp.topk(k, dim=-1)
             s.input_top = [None] + [list(zip(v, i)) for v, i in zip(tv.tolist(), ti.tolist())]
-
-    def _sample(self, seqs: list[Sequence], logits: torch.Tensor):
-        dev = logits.device
-        vocab = logits.shape[-1]
-        self._adjust_logits(seqs, logits)
-        # Keyed by serials, never by id(): a freed Sequence's id can be reused by a new one in
-        # the same row, which would then inherit the old row's temperature, top-k and top-p.
-        key = tuple([s.serial for s in seqs])
-        if self._batch_key != key:  # the rows changed: rebuild the per-row settings
-            params = [s.params for s in seqs]
-            self._batch_key = key
-            self._batch = BatchSampling(
-                temperatures=torch.tensor([p.temperature for p in params], device=dev),
-                top_ks=torch.tensor([min(p.top_k, vocab) for p in params], device=dev),
-                top_ps=torch.tensor([p.top_p for p in params], device=dev),
-                min_ps=torch.tensor([p.min_p for p in params], device=dev),
-                seeds=torch.tensor([p.sampling_seed or 0 for p in params], device=dev),
-                seeded=torch.tensor([p.sampling_seed is not None for p in params], device=dev),
-                positions=torch.zeros(len(seqs), dtype=torch.long, device=dev),
-                all_greedy=all(p.greedy for p in params),
-                needs_filter=any(p.top_k < vocab or p.top_p < 1.0 or p.min_p > 0.0 for p in params),
-            )
-        batch = self._batch
-        if bool(batch.seeded.any()):
-            batch.positions = torch.tensor([s.total_len() for s in seqs], device=dev)
-        toks, logp, full = sample(logits, batch, self.generator)
-        tops: dict[int, list[tuple[float, int]]] = {}
-        for i, s in enumerate(seqs):
-            if s.top_logprobs_num > 0:
-                tv, ti = full[i].topk(min(s.top_logprobs_num, vocab))
-                tops[i] = list(zip(tv.tolist(), ti.tolist()))
-        return toks.tolist(), logp.tolist(), tops
-
-    def _adjust_logits(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
-        """Logit bias, penalties and min_new_tokens (SGLang applies these before sampling)."""
-        pen_rows = []
-        for i, s in enumerate(seqs):
-            p = s.params
-            if p.logit_bias:
-                ids = torch.tensor(list(p.logit_bias), device=logits.device)
-                logits[i, ids] += torch.tensor(list(p.logit_bias.values()), device=logits.device)
-            if p.has_penalty:
-                pen_rows.append(i)
-            if p.min_new_tokens > len(s.output_ids):
-                # SGLang's min_new_tokens penalizer bans stop ids and EOS whatever ignore_eos says
-                banned = set(p.stop_token_ids) | self.runner.eos_token_ids
-                if banned:
-                    logits[i, torch.tensor(sorted(banned), device=logits.device)] = float("-inf")
-        if pen_rows:
-            apply_penalties(
-                logits, pen_rows, [(seqs[i].prompt, seqs[i].output_ids) for i in pen_rows],
-                [seqs[i].params.frequency_penalty for i in pen_rows],
-                [seqs[i].params.presence_penalty for i in pen_rows],
-                [seqs[i].params.repetition_penalty for i in pen_rows],
-            )
-        # Grammar masks last, on the penalised and biased logits (SGLang: apply_logits_bias), so
-        # the reported logprob of a constrained token is in the grammar-restricted distribution.
-        self._grammar.mask(logits, seqs)
-
-    def _check_stop(self, s: Sequence, tok: int) -> dict[str, Any] | None:
-        p = s.params
-        # ignore_eos turns off every token-based stop, stop_token_ids included (SGLang's
-        # Req._check_token_based_finish returns first thing when it is set).
-        if not p.ignore_eos and (tok in p.stop_token_ids or tok in self.runner.eos_token_ids):
-            return {"type": "stop", "matched": tok}
-        if p.stop or p.stop_regex:
-            tail = self._tail_text(s)
-            for stop in p.stop:
-                if stop and stop in tail:
-                    return {"type": "stop", "matched": stop}
-            for pattern in p.stop_regex:
-                m = compile_stop_regex(pattern).search(tail)
-                if m:
-                    return {"type": "stop", "matched": m.group(0)}
-        if len(s.output_ids) >= s.max_new_tokens:
-            return {"type": "length", "length": len(s.output_ids)}
-        if s.grammar is not None and s.grammar.ended:  # SGLang: FINISH_MATCHED_TOKEN
-            return {"type": "stop", "matched": tok}
-        return None
-
-    def _tail_text(self, s: Sequence) -> str:
-        tok = self.runner.tokenizer
-        if tok is None:
-            return ""
-        longest = max([len(x) for x in s.params.stop] + [64 if s.params.stop_regex else 0])
-        return tok.decode(s.output_ids[-(longest + 2):], skip_special_tokens=False)
 
     def _finish(self, s: Sequence, reason: dict[str, Any]) -> None:
         s.finish = reason

@@ -13,7 +13,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from servers.gateway.app import Gateway
+    from servers.gateway.workers import Gateway
 
 
 class GatewayCollector(Collector):

@@ -8,8 +8,6 @@ scraper asks, and the two latency histograms are filled once per finished reques
 
 from __future__ import annotations
 
-import bisect
-import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -22,43 +20,25 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from servers.engine.latency_histogram import LatencyHistogram
+
 if TYPE_CHECKING:
     from servers.state import ServerState
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-# SGLang's default buckets for time to first token and end-to-end latency (seconds).
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
-                5.0, 7.5, 10.0, 15.0, 20.0, 25.0, 30.0)
-E2E_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0,
-               100.0, 200.0, 400.0)
 
 
-class LatencyHistogram:
-    """Cumulative bucket counts and a sum, filled by the engine thread once per request and read
-    by a scrape (a lock: a scrape never sees a bucket ahead of the total)."""
-
-    def __init__(self, buckets: tuple[float, ...]) -> None:
-        self.bounds = buckets
-        self._counts = [0] * (len(buckets) + 1)  # the last: above every bound (+Inf only)
-        self._sum = 0.0
-        self._lock = threading.Lock()
-
-    def observe(self, v: float) -> None:
-        i = bisect.bisect_left(self.bounds, v)  # the first bound >= v; len(): +Inf only
-        with self._lock:
-            self._counts[i] += 1
-            self._sum += v
-
-    def family(self, name: str, doc: str, labels: dict[str, str]) -> HistogramMetricFamily:
-        with self._lock:
-            counts, total = list(self._counts), self._sum
-        cum, acc = [], 0
-        for bound, c in zip([*map(str, self.bounds), "+Inf"], counts):
-            acc += c
-            cum.append((bound, acc))
-        fam = HistogramMetricFamily(name, doc, labels=list(labels))
-        fam.add_metric(list(labels.values()), cum, total)
-        return fam
+def histogram_family(hist: LatencyHistogram, name: str, doc: str,
+                     labels: dict[str, str]) -> HistogramMetricFamily:
+    """One engine histogram as Prometheus's cumulative buckets (``+Inf`` last) and sum."""
+    counts, total = hist.snapshot()
+    cum, acc = [], 0
+    for bound, c in zip([*map(str, hist.bounds), "+Inf"], counts):
+        acc += c
+        cum.append((bound, acc))
+    fam = HistogramMetricFamily(name, doc, labels=list(labels))
+    fam.add_metric(list(labels.values()), cum, total)
+    return fam
 
 
 class ServerCollector(Collector):
@@ -105,10 +85,10 @@ class ServerCollector(Collector):
             c = CounterMetricFamily(name, doc, labels=keys)
             c.add_metric(vals, float(value))
             yield c
-        yield eng.ttft_hist.family("sglang:time_to_first_token_seconds",
-                                   "Time to first token (seconds)", labels)
-        yield eng.e2e_hist.family("sglang:e2e_request_latency_seconds",
-                                  "End-to-end request latency (seconds)", labels)
+        yield histogram_family(eng.ttft_hist, "sglang:time_to_first_token_seconds",
+                               "Time to first token (seconds)", labels)
+        yield histogram_family(eng.e2e_hist, "sglang:e2e_request_latency_seconds",
+                               "End-to-end request latency (seconds)", labels)
 
 
 def _as_number(version: str) -> float:

@@ -2,7 +2,7 @@ import torch
 from PIL import Image
 from transformers import AutoConfig, AutoModelForImageTextToText
 
-from arealite.demo.tiny import IMAGE_PAD
+from arealite.demo.tiny_tokenizer import IMAGE_PAD
 from arealite.engine.vision_processor import load_processor
 
 

@@ -14,11 +14,11 @@ from arealite.api.trajectory import (
     pad_sequences_to_tensors,
     routed_experts_row,
 )
-from arealite.engine.fsdp_engine import replay_rows
 from arealite.engine.packing import dummy_row, pack_tensor_dict
 from arealite.engine.routing_replay import (
     RoutingReplay,
     find_routers,
+    replay_rows,
     replay_weights,
     topk_agreement,
 )

@@ -32,7 +32,7 @@ CONVERSATION = [
 def think_template() -> str:
     """The tiny chat template made Qwen3-like: an assistant reply that comes before the last user
     turn loses its ``<think>...</think>`` reasoning, so the template is not append-only."""
-    from arealite.demo.tiny import CHAT_TEMPLATE
+    from arealite.demo.tiny_tokenizer import CHAT_TEMPLATE
 
     plain = ("{{ '<|im_start|>' + message['role'] + '\n' + (message['content'] or '') + "
              "'<|im_end|>' + '\n' }}")

@@ -11,6 +11,7 @@ import pytest
 
 from arealite.api.io_struct import ParamSpec, WeightUpdateError, WeightUpdateMeta
 from arealite.weights.fanout import WeightSync
+from arealite.weights.table import transport_for
 from tests.support.scripted_sglang import ScriptedServer
 
 SPECS = [[ParamSpec("w", (2,), "float32")]]
@@ -37,7 +38,7 @@ def meta(version: int) -> WeightUpdateMeta:
 def update(ws: WeightSync, addrs: list[str], m: WeightUpdateMeta):
     async def go():
         async with aiohttp.ClientSession() as session:
-            return await ws.run(session, addrs, m)
+            return await ws.run(session, addrs, m, transport=transport_for(m))
 
     return asyncio.run(go())
 

@@ -120,10 +120,11 @@ def test_junit_counts(tmp_path):
 
 
 def test_wheels_are_pinned_to_the_versions_this_repository_runs():
+    # the versions come from the lock (requirements/run.txt), which .venv installs
     for spec in prepare.pinned():
         name, pinned = spec.split("==")
         assert version(name) == pinned, (
-            f"{name}: .venv has {version(name)}, wheels.txt pins {pinned}"
+            f"{name}: .venv has {version(name)}, the lock pins {pinned}"
         )
     assert run.cuda_test_files() == sorted(run.cuda_test_files())
     assert "tests/servers/test_server_cuda.py" in run.cuda_test_files()

@@ -1,5 +1,5 @@
 """Differential checks against TRL's own loss code (``trl`` as pinned in
-benchmarks/trl_requirements.txt, installed into .venv by ``make setup``): TRL's GRPO loss types
+requirements/trl.txt, installed into .venv by ``make setup``): TRL's GRPO loss types
 ``grpo``, ``bnpo``, ``dr_grpo``, ``dapo`` and ``cispo`` give the same loss and the same gradient
 as our policy loss + aggregation on the same per-token log-probabilities.
 

@@ -1,5 +1,5 @@
 """Differential checks against TRL's own preference losses (``trl`` as pinned in
-benchmarks/trl_requirements.txt, installed into .venv by ``make setup``): a real
+requirements/trl.txt, installed into .venv by ``make setup``): a real
 ``DPOTrainer`` / ``KTOTrainer`` on the tiny model computes its loss on one collated batch
 (``_compute_loss``, TRL's code as shipped, its own forward included); our ``dpo_loss`` (sigmoid,
 IPO, and with ``chosen_nll``: TRL's ``["sigmoid", "sft"]``) and ``kto_loss`` on the sequence

@@ -227,14 +227,14 @@ def test_a_request_that_faults_fails_alone(engine, runner, monkeypatch):
     """Only the request whose row breaks a step gets the 500; its batch-mates go on."""
     refs = [make(f"r{i}", [5 + i, 6, 7], max_new_tokens=12, **greedy()) for i in range(4)]
     run(engine, *refs)
-    real = engine._adjust_logits
+    real = engine.next_token.adjust_logits
 
     def fragile(seqs, logits):
         if any(s.rid == "bad" and len(s.output_ids) >= 3 for s in seqs):
             raise IndexError("index 1000000 is out of bounds")
         return real(seqs, logits)
 
-    monkeypatch.setattr(engine, "_adjust_logits", fragile)
+    monkeypatch.setattr(engine.next_token, "adjust_logits", fragile)
     good = [make(f"g{i}", [5 + i, 6, 7], max_new_tokens=12, **greedy()) for i in range(4)]
     bad = make("bad", [9, 9], max_new_tokens=12, **greedy())
     run(engine, *good[:2], bad, *good[2:])

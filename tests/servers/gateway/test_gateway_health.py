@@ -8,7 +8,7 @@ import asyncio
 import aiohttp
 
 from arealite.utils.network import find_free_port
-from servers.gateway.app import Gateway
+from servers.gateway.workers import Gateway
 
 
 def test_unprobed_and_unanswering_servers_are_not_counted():

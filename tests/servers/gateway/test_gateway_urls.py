@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from servers.gateway.app import Gateway, normalize_url
+from servers.gateway.workers import Gateway, normalize_url
 
 
 @pytest.mark.parametrize("url,want", [
