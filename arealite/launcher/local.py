@@ -360,13 +360,13 @@ def main(argv: list[str] | None = None) -> int:
             check_modules(cfg, args.config)  # one line now, not torchrun's traceback later
             check_context_parallel(cfg)
             check_inputs(cfg)  # data, reward, eval hook, models, context, ports
-            memory = check_memory(cfg)  # the run's peak memory against its GPU's (memplan)
-            if memory:
-                print(f"arealite: {memory}", file=sys.stderr)
         folder = run_folder.claim(cfg, launcher.mode())
         if args.dry_run:
             sys.stdout.write(dry_run(launcher, folder))
             return 0
+        memory = check_memory(cfg)  # GPU runs: the plan's peak against the GPU (memplan)
+        if memory:
+            print(f"arealite: {memory}", file=sys.stderr)
     except (ConfigError, LaunchError, MemoryRefused) as e:
         kind = {ConfigError: "config", MemoryRefused: "memory"}.get(type(e), "launch")
         print(f"arealite: {kind} error: {e}", file=sys.stderr)

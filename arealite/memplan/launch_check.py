@@ -38,7 +38,11 @@ def check_memory(config: Any, gpu_name: str | None = None) -> str | None:
     from arealite.memplan.memory_plan import gib, plan_config
 
     gpu = find_gpu(gpu_name or config.launcher.gpu)
-    plan = plan_config(config, gpu)
+    try:
+        plan = plan_config(config, gpu)
+    except Exception as e:  # noqa: BLE001 - a model the planner cannot run must not block a run
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        return f"memory check skipped, the planner could not plan this run: {why}"
     if not plan.fits:
         raise MemoryRefused(refusal_line(plan, config) + "; launcher.memory_check=false skips "
                             "this check")

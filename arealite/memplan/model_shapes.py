@@ -35,9 +35,11 @@ def shape_config(name: str) -> dict[str, Any]:
 
 
 def read_config(path: str) -> dict[str, Any]:
-    """The ``config.json`` of an HF model folder (a shape name from ``SHAPES`` works too)."""
-    if path in SHAPES:
-        return shape_config(path)
+    """The ``config.json`` of an HF model folder; a shape name from ``SHAPES``, or its hub id
+    (``Qwen/Qwen3-8B``), gives that shape without a download."""
+    hub = path.lower().removeprefix("qwen/")  # the hub ids of the shapes above
+    if hub in SHAPES and not Path(path).exists():
+        return shape_config(hub)
     f = Path(path) / "config.json"
     if not f.is_file():
         raise ValueError(f"{path}: no config.json there (the planner needs the model's HF "

@@ -71,11 +71,15 @@ def _scale_value(v: Any, dims: dict[int, int]) -> Any:
     return v
 
 
-def planned_micro_batches(engine: Any, vocab_size: int, tokens: int, count: int = 2
-                          ) -> list[dict[str, Any]]:
+def planned_micro_batches(engine: Any, vocab_size: int, tokens: int, count: int = 2,
+                          varlen: bool = False) -> list[dict[str, Any]]:
     """``count`` packed micro-batches of one ``tokens``-long sequence each, as ``engine`` would
     run them (call under ``FakeTensorMode``). ``tokens`` is rounded up to a multiple of the
-    context-parallel size (the engine pads to one)."""
+    context-parallel size (the engine pads to one). ``varlen``: the plan of
+    ``attn_impl: flash_attention_2`` (CUDA only), run as one causal segment: the same O(L)
+    attention memory, without the layout's ``[1, 1, L, L]`` mask, which the varlen kernel does
+    not have (it reads ``cu_seqlens``); the segment path's gathered q/k/v copies stay in (a
+    transient overestimate of one layer's q, k, v)."""
     cp = engine.cp.size if engine.cp is not None else 1
     tokens = -(-tokens // cp) * cp
     if tokens < TEMPLATE_LEN:
@@ -88,6 +92,8 @@ def planned_micro_batches(engine: Any, vocab_size: int, tokens: int, count: int 
     out = []
     for p in packed:
         q = {k: _scale_value(v, dims) for k, v in p.items() if k not in _COUNTS + _REAL}
+        if varlen and "segment_layout" in q:  # flash-attn varlen: no [L, L] mask
+            q["segment_layout"].mask = torch.empty((0,), dtype=torch.bool)
         with torch._subclasses.fake_tensor.unset_fake_temporarily():  # real token counts
             for k in _REAL:
                 if k in p:
@@ -98,4 +104,16 @@ def planned_micro_batches(engine: Any, vocab_size: int, tokens: int, count: int 
         if "cp_tokens" in p:
             q["cp_tokens"] = tokens
         out.append(q)
+    return out
+
+
+def batch_tensors(packed: dict[str, Any]) -> list[torch.Tensor]:
+    """Every tensor a packed micro-batch holds, its attention layout's included."""
+    out = []
+    for v in packed.values():
+        if isinstance(v, SegmentLayout):
+            out += [getattr(v, f.name) for f in dataclasses.fields(v)
+                    if isinstance(getattr(v, f.name), torch.Tensor)]
+        elif isinstance(v, torch.Tensor):
+            out.append(v)
     return out

@@ -44,7 +44,7 @@ from arealite.engine.fsdp_engine import FSDPEngine
 from arealite.engine.functional import gather_logprobs
 from arealite.engine.ppo.loss import actor_loss
 from arealite.memplan.model_shapes import write_config_dir
-from arealite.memplan.planning_batch import planned_micro_batches
+from arealite.memplan.planning_batch import batch_tensors, planned_micro_batches
 from arealite.observe.stats_tracker import StatsTracker
 from arealite.utils.fsdp import clip_grads_
 
@@ -55,8 +55,10 @@ _FROM_TRACKER = {
     "Buffer": "parameters", "Gradient": "gradients", "Sharded Grad": "gradients",
     "Unsharded Grad": "gradients", "Optstate": "optimizer", "OptState": "optimizer",
     "Activation": "activations", "Temp": "temporaries", "All Gather": "temporaries",
-    "Reduce Scatter": "temporaries", "Inputs": "inputs",
+    "Reduce Scatter": "temporaries", "Inputs": "inputs", "Other": "inputs",
 }
+# the largest dense attention mask (bytes) a plan builds for real on the host
+DENSE_MASK_LIMIT = 1 << 30
 # what CPU offload keeps in host memory (FSDPMemTracker's names)
 _OFFLOADED = ("Sharded Param", "Sharded Grad", "OptState")
 
@@ -224,12 +226,20 @@ def predict_trainer(engine_config: TrainEngineConfig, hf_config: dict[str, Any],
 
     t0 = time.perf_counter()
     tokens = int(tokens or engine_config.max_tokens_per_mb)
+    if engine_config.attn_impl in ("sdpa", "eager") and tokens * tokens > DENSE_MASK_LIMIT:
+        # the engine builds the [T, T] block-causal mask from real cu_seqlens: so would the plan
+        raise ValueError(f"attn_impl={engine_config.attn_impl} at {tokens} tokens builds a "
+                         f"dense [T, T] mask ({tokens * tokens / 2**30:.1f} GiB) in the "
+                         "planner's host memory: plan segments or flash_attention_2")
     vocab = int(hf_config.get("vocab_size") or hf_config.get("text_config", {})["vocab_size"])
     notes = []
     with tempfile.TemporaryDirectory(prefix="memplan-") as tmp, fake_world(world_size):
+        # flash-attn (CUDA only) is planned as one causal segment without its layout
+        varlen = engine_config.attn_impl == "flash_attention_2"
         cfg = engine_config.model_copy(update={
             "path": str(write_config_dir(hf_config, Path(tmp) / "model")),
-            "init_from_scratch": True})
+            "init_from_scratch": True,
+            "attn_impl": "segments" if varlen else engine_config.attn_impl})
         engine = FSDPEngine(cfg, device="cpu", backend="gloo")
         mode = FakeTensorMode(allow_non_fake_inputs=True)
         with mode:
@@ -239,14 +249,17 @@ def predict_trainer(engine_config: TrainEngineConfig, hf_config: dict[str, Any],
             if engine.optimizer is None:
                 raise ValueError("the planner plans an update: this engine has no optimizer")
             _prime_optimizer(engine.model, engine.optimizer)
-            packed = planned_micro_batches(engine, vocab, tokens, micro_batches)
+            packed = planned_micro_batches(engine, vocab, tokens, micro_batches, varlen)
             loss_fn: Any = _label_logprob_loss  # SFT, DPO, reward models: a head over all rows
             if isinstance(cfg, PPOActorConfig):
                 loss_fn = functools.partial(actor_loss, config=cfg, tracker=StatsTracker(),
                                             prox_sink=[] if cfg.recompute_logprob else None)
             tracker = _tracker(engine.model, engine.optimizer)
-            tracker.track_inputs(tuple(v for p in packed for v in p.values()
-                                       if isinstance(v, torch.Tensor)))
+            inputs = tuple(t for p in packed for t in batch_tensors(p))
+            if hasattr(tracker, "track_inputs"):
+                tracker.track_inputs(inputs)
+            else:  # MemTracker files them under "Other"
+                tracker.track_external(*inputs)
             head = LiveBytes(vocab_dim=vocab)
             head.add_existing(model_tensors(engine.model, engine.optimizer))
             with tracker, head, RealWhereReal():

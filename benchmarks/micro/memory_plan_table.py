@@ -1,0 +1,88 @@
+"""The planner's table for docs/memory_planner.md: Qwen3 shapes x tokens per micro-batch x
+GPUs, one training recipe, per-rank peak and whether it fits an H100 80GB (usable: 90%).
+
+Recipe (the long-reasoning GPU config's): fp32 master weights and AdamW state, bf16 compute
+(FSDP2 mixed precision, fp32 reduction), every decoder layer recomputed in backward, the fused
+head, flash-attn varlen (planned as one causal segment without its mask), two micro-batches of
+one sequence each per step. Cells are planned in the order below and appended to
+benchmarks/results/memplan/table.jsonl as they finish (``--resume`` skips planned ones).
+No GPU has checked these predictions.
+
+    python -m benchmarks.micro.memory_plan_table [--models qwen3-0.6b ...] [--resume]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from benchmarks.harness.paths import results_dir
+
+GIB = 1 << 30
+MODELS = ("qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b")
+TOKENS = (8192, 32768, 65536, 131072)
+WORLDS = (8, 1, 2, 4)  # the ends of the range first
+
+
+def cell(point: dict) -> dict:
+    from arealite.api.config.actor import MixedPrecisionConfig, PPOActorConfig
+    from arealite.memplan.model_shapes import shape_config
+    from arealite.memplan.trainer_memory import predict_trainer
+
+    cfg = PPOActorConfig(path="unused", dtype="float32", max_tokens_per_mb=point["tokens"],
+                         mixed_precision=MixedPrecisionConfig(param_dtype="bfloat16",
+                                                              reduce_dtype="float32"),
+                         gradient_checkpointing=True, logprob_head="fused",
+                         attn_impl="flash_attention_2", shared_prompt_packing=False)
+    r = predict_trainer(cfg, shape_config(point["model"]), point["world"])
+    return {"peak": r.peak, "breakdown": r.breakdown, "seconds": r.seconds}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", nargs="*", default=list(MODELS))
+    ap.add_argument("--resume", action="store_true")
+    a = ap.parse_args(argv)
+    out = results_dir("memplan")
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "table.jsonl"
+    done = set()
+    if a.resume and path.exists():
+        done = {(r["model"], r["tokens"], r["world"])
+                for r in map(json.loads, path.read_text().splitlines())}
+    elif path.exists():
+        path.unlink()
+    usable = 80 * GIB * 0.9
+    for world in WORLDS:
+        for model in a.models:
+            for tokens in TOKENS:
+                if (model, tokens, world) in done:
+                    continue
+                pt = dict(model=model, tokens=tokens, world=world)
+                r = in_subprocess_table(pt)
+                row = {**pt, **r, "fits_h100_80gb": r["peak"] <= usable}
+                with path.open("a") as f:
+                    f.write(json.dumps(row) + "\n")
+                print(f"{model:<11} {tokens:>7} x{world} {r['peak'] / GIB:7.1f} GiB "
+                      f"{'fits' if row['fits_h100_80gb'] else 'over'} ({r['seconds']:.0f} s)",
+                      flush=True)
+    return 0
+
+
+def in_subprocess_table(pt: dict) -> dict:
+    """``cell(pt)`` in a fresh process (the planner needs one without a process group)."""
+    import subprocess
+
+    code = ("import json, sys; from benchmarks.micro.memory_plan_table import cell; "
+            "print('RESULT' + json.dumps(cell(json.loads(sys.argv[1]))))")
+    res = subprocess.run([sys.executable, "-c", code, json.dumps(pt)], capture_output=True,
+                         text=True, timeout=3600)
+    lines = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT")]
+    if res.returncode or not lines:
+        raise RuntimeError(f"cell({pt}) failed:\n{res.stderr[-3000:]}")
+    return json.loads(lines[-1][len("RESULT"):])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
