@@ -39,12 +39,39 @@ def cell(point: dict) -> dict:
     return {"peak": r.peak, "breakdown": r.breakdown, "seconds": r.seconds}
 
 
+def markdown(rows: list[dict]) -> str:
+    """The table of docs/memory_planner.md: a row per model and token count, a column per GPU
+    count; each cell the per-rank peak in GiB, marked when over an H100 80GB's usable 72 GiB;
+    "-" where not planned."""
+    got = {(r["model"], r["tokens"], r["world"]): r for r in rows}
+    worlds = sorted({r["world"] for r in rows}) or [1, 2, 4, 8]
+    lines = ["| model | tokens/micro-batch | " + " | ".join(f"{w} x H100" for w in worlds) + " |",
+             "|---|---:|" + "---:|" * len(worlds)]
+    for model in MODELS:
+        for tokens in TOKENS:
+            cells = []
+            for w in worlds:
+                r = got.get((model, tokens, w))
+                cells.append("-" if r is None else f"{r['peak'] / GIB:.1f}"
+                             + ("" if r["fits_h100_80gb"] else " (over)"))
+            if any(c != "-" for c in cells):
+                lines.append(f"| {model} | {tokens:,} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", nargs="*", default=list(MODELS))
     ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--markdown", action="store_true", help="print the table of the planned "
+                    "cells and exit")
     a = ap.parse_args(argv)
     out = results_dir("memplan")
+    if a.markdown:
+        path = out / "table.jsonl"
+        rows = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+        sys.stdout.write(markdown(rows))
+        return 0
     out.mkdir(parents=True, exist_ok=True)
     path = out / "table.jsonl"
     done = set()
