@@ -163,10 +163,11 @@ def cpu_points(tokens: int) -> list[dict[str, Any]]:
     return pts
 
 
-def in_subprocess(fn: str, point: Any) -> dict[str, Any]:
-    """``fn(point)`` of this module in a fresh process (the planner needs one without a
+def in_subprocess(fn: str, point: Any, module: str = "benchmarks.micro.memory_plan"
+                  ) -> dict[str, Any]:
+    """``fn(point)`` of ``module`` in a fresh process (the planner needs one without a
     process group; each measurement its own ranks)."""
-    code = (f"import json, sys; from benchmarks.micro.memory_plan import {fn}; "
+    code = (f"import json, sys; from {module} import {fn}; "
             f"print('RESULT' + json.dumps({fn}(json.loads(sys.argv[1]))))")
     out = subprocess.run([sys.executable, "-c", code, json.dumps(point)], capture_output=True,
                          text=True, timeout=3600)

@@ -18,6 +18,7 @@ import json
 import sys
 
 from benchmarks.harness.paths import results_dir
+from benchmarks.micro.memory_plan import in_subprocess
 
 GIB = 1 << 30
 MODELS = ("qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b")
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
                 if (model, tokens, world) in done:
                     continue
                 pt = dict(model=model, tokens=tokens, world=world)
-                r = in_subprocess_table(pt)
+                r = in_subprocess("cell", pt, "benchmarks.micro.memory_plan_table")
                 row = {**pt, **r, "fits_h100_80gb": r["peak"] <= usable}
                 with path.open("a") as f:
                     f.write(json.dumps(row) + "\n")
@@ -95,20 +96,6 @@ def main(argv: list[str] | None = None) -> int:
                       f"{'fits' if row['fits_h100_80gb'] else 'over'} ({r['seconds']:.0f} s)",
                       flush=True)
     return 0
-
-
-def in_subprocess_table(pt: dict) -> dict:
-    """``cell(pt)`` in a fresh process (the planner needs one without a process group)."""
-    import subprocess
-
-    code = ("import json, sys; from benchmarks.micro.memory_plan_table import cell; "
-            "print('RESULT' + json.dumps(cell(json.loads(sys.argv[1]))))")
-    res = subprocess.run([sys.executable, "-c", code, json.dumps(pt)], capture_output=True,
-                         text=True, timeout=3600)
-    lines = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT")]
-    if res.returncode or not lines:
-        raise RuntimeError(f"cell({pt}) failed:\n{res.stderr[-3000:]}")
-    return json.loads(lines[-1][len("RESULT"):])
 
 
 if __name__ == "__main__":
