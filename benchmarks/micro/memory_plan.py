@@ -211,7 +211,10 @@ def run_paper() -> list[dict[str, Any]]:
     return rows
 
 
-def run_cpu(tokens: int, models: list[str] | None) -> list[dict[str, Any]]:
+def run_cpu(tokens: int, models: list[str] | None, partial: Path | None = None
+            ) -> list[dict[str, Any]]:
+    """Every CPU point (of ``models``); each row also appended to ``partial`` as it
+    finishes (a run cut short keeps its rows)."""
     rows = []
     print(f"{'model':<13} {'ranks':>5} {'cp':>3} {'head':<6} {'tokens':>6} "
           f"{'predicted MiB':>14} {'measured MiB':>13} {'pred/meas':>10}", flush=True)
@@ -226,6 +229,9 @@ def run_cpu(tokens: int, models: list[str] | None) -> list[dict[str, Any]]:
                      "measured_bytes_all_ranks": meas["peak_all_ranks"], "ratio": ratio,
                      "predicted_breakdown": pred["breakdown"],
                      "plan_seconds": pred["seconds"], "wall_seconds": time.time() - t0})
+        if partial is not None:
+            with partial.open("a") as f:
+                f.write(json.dumps(rows[-1]) + "\n")
         print(f"{pt['model']:<13} {pt['world']:>5} {pt['cp']:>3} {pt['head']:<6} "
               f"{pt['tokens']:>6} {pred['peak'] / 2**20:>14.1f} {meas['peak'] / 2**20:>13.1f} "
               f"{ratio:>10.3f}", flush=True)
@@ -252,8 +258,11 @@ def main(argv: list[str] | None = None) -> int:
         rows = run_paper()
         (out / "paper_prime_rl.json").write_text(json.dumps(rows, indent=1) + "\n")
         return 0
-    rows = run_cpu(a.tokens, a.models)
     name = "cpu_validation.json" if not a.models else f"cpu_validation_{'_'.join(a.models)}.json"
+    partial = out / (name + "l")
+    partial.unlink(missing_ok=True)
+    rows = run_cpu(a.tokens, a.models, partial)
+    partial.unlink()
     (out / name).write_text(json.dumps(rows, indent=1) + "\n")
     worst = max(abs(r["ratio"] - 1) for r in rows) if rows else 0.0
     print(f"largest |predicted/measured - 1|: {worst:.3f} (target 0.10)")
