@@ -193,7 +193,7 @@ def paper_point(tokens: int) -> dict[str, Any]:
                          mixed_precision=MixedPrecisionConfig(param_dtype="bfloat16",
                                                               reduce_dtype="float32"),
                          gradient_checkpointing=True, logprob_head="fused",
-                         attn_impl="segments", shared_prompt_packing=False)
+                         attn_impl="flash_attention_2", shared_prompt_packing=False)
     r = predict_trainer(cfg, shape_config("qwen3-0.6b"), 1, tokens)
     return {"peak": r.peak, "breakdown": r.breakdown, "seconds": r.seconds}
 
