@@ -4,7 +4,7 @@ GPUs, one training recipe, per-rank peak and whether it fits an H100 80GB (usabl
 Recipe (the long-reasoning GPU config's): fp32 master weights and AdamW state, bf16 compute
 (FSDP2 mixed precision, fp32 reduction), every decoder layer recomputed in backward, the fused
 head, flash-attn varlen (planned as one causal segment without its mask), two micro-batches of
-one sequence each per step. Cells are planned in the order below and appended to
+one sequence each per step. Cells are planned in the order of ``cells`` and appended to
 benchmarks/results/memplan/table.jsonl as they finish (``--resume`` skips planned ones).
 No GPU has checked these predictions.
 
@@ -38,6 +38,15 @@ def cell(point: dict) -> dict:
                          attn_impl="flash_attention_2", shared_prompt_packing=False)
     r = predict_trainer(cfg, shape_config(point["model"]), point["world"])
     return {"peak": r.peak, "breakdown": r.breakdown, "seconds": r.seconds}
+
+
+def cells(models: list[str]) -> list[tuple[str, int, int]]:
+    """(model, tokens, GPUs) in the order planned: the longest micro-batch on the most GPUs
+    first, then one GPU, then the rest (a run cut short has the corners of the table)."""
+    first = [(m, TOKENS[-1], 8) for m in models] + [(m, TOKENS[1], 8) for m in models]
+    first += [(m, TOKENS[0], 1) for m in models] + [(m, TOKENS[-1], 1) for m in models]
+    rest = [(m, t, w) for w in WORLDS for m in models for t in TOKENS]
+    return first + [c for c in rest if c not in first]
 
 
 def markdown(rows: list[dict]) -> str:
@@ -82,19 +91,17 @@ def main(argv: list[str] | None = None) -> int:
     elif path.exists():
         path.unlink()
     usable = 80 * GIB * 0.9
-    for world in WORLDS:
-        for model in a.models:
-            for tokens in TOKENS:
-                if (model, tokens, world) in done:
-                    continue
-                pt = dict(model=model, tokens=tokens, world=world)
-                r = in_subprocess("cell", pt, "benchmarks.micro.memory_plan_table")
-                row = {**pt, **r, "fits_h100_80gb": r["peak"] <= usable}
-                with path.open("a") as f:
-                    f.write(json.dumps(row) + "\n")
-                print(f"{model:<11} {tokens:>7} x{world} {r['peak'] / GIB:7.1f} GiB "
-                      f"{'fits' if row['fits_h100_80gb'] else 'over'} ({r['seconds']:.0f} s)",
-                      flush=True)
+    for model, tokens, world in cells(a.models):
+        if (model, tokens, world) in done:
+            continue
+        pt = dict(model=model, tokens=tokens, world=world)
+        r = in_subprocess("cell", pt, "benchmarks.micro.memory_plan_table")
+        row = {**pt, **r, "fits_h100_80gb": r["peak"] <= usable}
+        with path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        print(f"{model:<11} {tokens:>7} x{world} {r['peak'] / GIB:7.1f} GiB "
+              f"{'fits' if row['fits_h100_80gb'] else 'over'} ({r['seconds']:.0f} s)",
+              flush=True)
     return 0
 
 
