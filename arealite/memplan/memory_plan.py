@@ -59,11 +59,6 @@ class MemoryPlan:
         return self.worst()[1] <= self.usable
 
 
-def plan_trainer(engine_config: TrainEngineConfig, hf_config: dict[str, Any], world_size: int,
-                 tokens: int | None = None) -> TrainerMemory:
-    return predict_trainer(engine_config, hf_config, world_size, tokens)
-
-
 def plan_config(config: Any, gpu: GPU, tokens: int | None = None) -> MemoryPlan:
     """The plan of an experiment config on ``gpu`` (``tokens``: the micro-batch to plan,
     default the trainer's ``max_tokens_per_mb``)."""

@@ -212,8 +212,8 @@ def _update(engine: FSDPEngine, packed: list[dict], loss_fn: Any, tracker: Any =
 
 
 def _label_logprob_loss(logits: Any, p: dict) -> torch.Tensor:
-    """For engines that are not the PPO actor: the mean label log-prob over the loss rows
-    (SFT's loss), through the same head functions."""
+    """For engines that are not the PPO actor: the label log-probs of the loss rows (SFT's
+    loss), through the same head functions."""
     return -gather_logprobs(logits, p["labels"], mask=p["loss_mask"]).sum()
 
 
@@ -242,8 +242,6 @@ def predict_trainer(engine_config: TrainEngineConfig, hf_config: dict[str, Any],
             "attn_impl": "segments" if varlen else engine_config.attn_impl})
         engine = FSDPEngine(cfg, device="cpu", backend="gloo")
         mode = FakeTensorMode(allow_non_fake_inputs=True)
-        with mode:
-            pass
         fake_initialize(engine, mode)
         with mode:
             if engine.optimizer is None:
