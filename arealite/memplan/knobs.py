@@ -54,16 +54,16 @@ def fixes_for_trainer(plan: MemoryPlan, eng: TrainEngineConfig, world: int, want
 
 
 def server_fix(plan: MemoryPlan, config: Any) -> tuple[str, int] | None:
-    """The most sequences in flight per server that fit, as ``servers.max_running_requests``."""
+    """The longest context one sequence can have beside the weights, as
+    ``servers.context_length`` (None when not even the weights fit)."""
     s = plan.server
     hf = read_config(getattr(config, plan.key).path)
-    per_seq = (kv_bytes_per_token(hf, s.dtype_bytes, s.tp) * s.context
-               + int(text_config(hf)["vocab_size"]) * 4)
-    room = usable_bytes(plan.gpu) - s.breakdown["weights"]
-    n = room // per_seq if per_seq else 0
+    per_token = kv_bytes_per_token(hf, s.dtype_bytes, s.tp)
+    room = usable_bytes(plan.gpu) - s.breakdown["weights"] - int(text_config(hf)["vocab_size"]) * 4
+    n = room // per_token if per_token else 0
     if n < 1:
         return None
-    return f"servers.max_running_requests={n}", s.breakdown["weights"] + n * per_seq
+    return f"servers.context_length={n}", usable_bytes(plan.gpu) - room + n * per_token
 
 
 def refusal_line(plan: MemoryPlan, config: Any) -> str:
@@ -73,12 +73,12 @@ def refusal_line(plan: MemoryPlan, config: Any) -> str:
            f"10% margin)"
     if what == "server" or (what == "co-located" and plan.server.peak >= plan.trainer.peak):
         s = plan.server
-        term, size = s.largest()
         fix = server_fix(plan, config)
-        tail = (f"set {fix[0]} (predicted {gib(fix[1])})" if fix else
+        tail = (f"set {fix[0]} (predicted {gib(fix[1])}) or give each server more GPUs "
+                "(launcher.gpus_per_server)" if fix else
                 "give each server more GPUs (launcher.gpus_per_server) or a smaller model")
-        return (f"each server needs {gib(s.peak)} {head} ({term} {gib(size)} for "
-                f"{s.sequences} sequences x {s.context} tokens): {tail}")
+        return (f"each server needs at least {gib(s.minimum)} {head} (weights "
+                f"{gib(s.breakdown['weights'])} and one sequence of {s.context} tokens): {tail}")
     key, eng = plan.key, getattr(config, plan.key)
     t = plan.trainer
     term, size = t.largest()

@@ -48,8 +48,8 @@ class MemoryPlan:
     def worst(self) -> tuple[str, int]:
         """(what, bytes) of the largest peak on one GPU."""
         parts = [("trainer", self.trainer.peak)]
-        if self.server is not None:
-            parts.append(("server", self.server.peak))
+        if self.server is not None:  # the least it runs with (the rest of its sequences queue)
+            parts.append(("server", self.server.minimum))
         if self.colocated is not None:
             parts.append(("co-located", self.colocated))
         return max(parts, key=lambda p: p[1])
@@ -77,7 +77,7 @@ def plan_config(config: Any, gpu: GPU, tokens: int | None = None) -> MemoryPlan:
             # release mode: the servers hand back weights and KV cache while the trainer runs,
             # and the trainer's parameters and optimizer state go to host memory while the
             # servers generate (arealite.engine.offload): each phase has the GPU to itself
-            plan.colocated = max(trainer.peak, plan.server.peak)
+            plan.colocated = max(trainer.peak, plan.server.minimum)
     if getattr(config, "ref", None) is not None:
         plan.notes.append("the reference model (ref) is not planned yet")
     return plan
@@ -103,8 +103,10 @@ def format_plan(plan: MemoryPlan) -> str:
     lines += [f"  note: {n}" for n in t.notes]
     if plan.server is not None:
         s = plan.server
-        lines.append(f"server, each: peak {gib(s.peak)} ({s.sequences} sequences x {s.context} "
-                     f"tokens of context): {_breakdown(s.breakdown)}")
+        lines.append(f"server, each: {gib(s.peak)} for all {s.sequences} sequences x "
+                     f"{s.context} tokens of context ({_breakdown(s.breakdown)}); at least "
+                     f"{gib(s.minimum)} (one sequence); {s.concurrent(plan.usable)} sequences "
+                     "at once in the usable memory, the rest queue")
         if s.static_fraction:
             lines.append(f"  SGLang reserves mem_fraction_static={s.static_fraction:g}: "
                          f"{gib(s.static_fraction * plan.gpu.memory_bytes)} up front")

@@ -13,6 +13,11 @@ capped by ``servers.max_running_requests``; ``context`` is ``servers.context_len
 ``max_position_embeddings``. The parameter count comes from the model built on the
 ``meta`` device from its config (no weights read). Real SGLang also takes a static share of the
 device up front (``mem_fraction_static``): that share is reported beside the need.
+
+A server does not run out of memory when its sequences' full KV cache exceeds the device: it
+admits what its KV pool holds and queues the rest. So a plan fails on a server only when its
+``minimum`` (weights, one sequence's KV cache at full context, its logits) does not fit;
+beyond that the plan reports how many sequences run at once.
 """
 
 from __future__ import annotations
@@ -35,6 +40,13 @@ class ServerMemory:
     static_fraction: float | None = None
     dtype_bytes: int = 2
     tp: int = 1
+    minimum: int = 0  # weights + one sequence's KV cache and logits: the least it runs with
+
+    def concurrent(self, usable: int) -> int:
+        """Sequences of full context whose KV cache fits beside the weights in ``usable``
+        bytes (the servers queue the rest: a throughput limit, not an out-of-memory)."""
+        per_seq = (self.minimum - self.breakdown["weights"])
+        return max(0, (usable - self.breakdown["weights"]) // per_seq) if per_seq else 0
 
     def largest(self) -> tuple[str, int]:
         return max(self.breakdown.items(), key=lambda kv: kv[1])
@@ -69,7 +81,9 @@ def predict_server(hf_config: dict[str, Any], n_params: int, dtype: str, sequenc
     kv = kv_bytes_per_token(hf_config, b, tp) * sequences * context
     logits = sequences * int(text_config(hf_config)["vocab_size"]) * 4
     parts = {"weights": weights, "kv_cache": kv, "logits": logits}
-    return ServerMemory(sum(parts.values()), parts, sequences, context, static_fraction, b, tp)
+    one = weights + (kv + logits) // sequences
+    return ServerMemory(sum(parts.values()), parts, sequences, context, static_fraction, b, tp,
+                        one)
 
 
 def server_demand(config: Any, hf_config: dict[str, Any]) -> tuple[int, int]:

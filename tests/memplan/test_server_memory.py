@@ -44,3 +44,13 @@ def test_sequences_in_flight_per_server():
     config.servers.max_running_requests = 10
     config.servers.context_length = 8192
     assert server_demand(config, shape_config("qwen3-0.6b")) == (10, 8192)
+
+
+def test_a_server_needs_one_sequence_and_queues_the_rest():
+    cfg = shape_config("qwen3-0.6b")
+    s = predict_server(cfg, 596049920, "bfloat16", 256, 32768)
+    per_seq = kv_bytes_per_token(cfg, 2) * 32768 + 151936 * 4
+    assert s.minimum == 596049920 * 2 + per_seq
+    assert s.peak == 596049920 * 2 + 256 * per_seq
+    usable = 72 * 2**30
+    assert s.concurrent(usable) == (usable - 596049920 * 2) // per_seq
