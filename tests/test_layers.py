@@ -22,9 +22,10 @@ ALLOWED: dict[str, set[str]] = {
     "benchmarks": {"arealite.api", "arealite.utils", "arealite.observe", "arealite.backends",
                    "arealite.weights", "arealite.dataset", "arealite.engine", "arealite.rollout",
                    "arealite.launcher", "arealite.trainer", "arealite.demo", "arealite.agent",
+                   "arealite.memplan",
                    "workflows", "servers"},
     "arealite.cli": {"arealite.demo", "arealite.trainer", "arealite.launcher", "arealite.observe",
-                     "arealite.dataset", "arealite.api", "arealite.utils"},
+                     "arealite.dataset", "arealite.api", "arealite.utils", "arealite.memplan"},
     # the demo jobs, their toy models and datasets: on top, so core code never imports a toy
     "arealite.demo": {"arealite.launcher", "arealite.engine", "arealite.observe", "arealite.api",
                       "arealite.dataset", "arealite.utils"},
@@ -32,7 +33,11 @@ ALLOWED: dict[str, set[str]] = {
                          "arealite.weights", "arealite.backends", "arealite.observe",
                          "arealite.dataset", "arealite.utils", "arealite.api"},
     "arealite.launcher": {"arealite.backends", "arealite.observe", "arealite.dataset",
-                          "arealite.utils", "arealite.api"},
+                          "arealite.utils", "arealite.api", "arealite.memplan"},
+    # the memory planner: runs the engine under fake tensors; only the launcher (which asks it
+    # before starting anything), the CLI and the benchmarks import it
+    "arealite.memplan": {"arealite.engine", "arealite.weights", "arealite.observe",
+                         "arealite.utils", "arealite.api"},
     # algorithms and engines: the trainer side and the client side never import each other;
     # both reach the servers' weights through the weights room
     "arealite.engine": {"arealite.weights", "arealite.observe", "arealite.utils", "arealite.api"},

@@ -110,6 +110,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return code
 
 
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from arealite.memplan.cli import run
+
+    return run(args)
+
+
 def _cmd_plot(args: argparse.Namespace) -> int:
     from arealite.observe.stats_logger import plot_metrics
 
@@ -210,6 +216,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("overrides", nargs="*")
     r.add_argument("--dry-run", action="store_true", help="print config and commands only")
     r.set_defaults(fn=_cmd_train)
+
+    pl = sub.add_parser("plan", help="predict every GPU's peak memory from the config, on CPU "
+                        "(docs/memory_planner.md)")
+    from arealite.memplan.cli import add_arguments as add_plan_arguments
+
+    add_plan_arguments(pl)
+    pl.set_defaults(fn=_cmd_plan)
 
     g = sub.add_parser("plot", help="draw metrics (default: reward, held-out right and exact shares, an eval_fn's accuracy) against step")
     g.add_argument("metrics", help="a run's logs/metrics.jsonl")

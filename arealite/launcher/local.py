@@ -36,6 +36,7 @@ from arealite.launcher.preflight import check_context_parallel, check_modules
 from arealite.launcher.preflight_inputs import check_inputs
 from arealite.launcher.server_cycle import CYCLE_ENV, ServerCycleHost, write_atomic
 from arealite.launcher.supervisor import Console, ManagedProcess, stop_all
+from arealite.memplan.launch_check import MemoryRefused, check_memory
 from arealite.observe.scrape_config import write_scrape_config
 from arealite.utils.network import find_free_port, find_free_ports
 from arealite.utils.recover import find_latest, recover_root
@@ -363,9 +364,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.dry_run:
             sys.stdout.write(dry_run(launcher, folder))
             return 0
-    except (ConfigError, LaunchError) as e:
-        print(f"arealite: {'config' if isinstance(e, ConfigError) else 'launch'} error: {e}",
-              file=sys.stderr)
+        memory = check_memory(cfg)  # GPU runs: the plan's peak against the GPU (memplan)
+        if memory:
+            print(f"arealite: {memory}", file=sys.stderr)
+    except (ConfigError, LaunchError, MemoryRefused) as e:
+        kind = {ConfigError: "config", MemoryRefused: "memory"}.get(type(e), "launch")
+        print(f"arealite: {kind} error: {e}", file=sys.stderr)
         return 2
     folder.apply()  # overwrite: the earlier run's files go before anything of this one is written
     log_dir = plan.log_dir(cfg)

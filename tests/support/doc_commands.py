@@ -51,6 +51,8 @@ RULES: list[tuple[str, str, str]] = [
      "tests/trainer/test_smollm2_grpo.py runs its short form, tests/cli/test_cli.py its "
      "refusal of an unknown task"),
     (_ARE + r"rg-data ", "run", "seconds"),
+    (_ARE + r"plan ", "skip", "plans a GPU-size model (a minute or more of CPU): "
+     "tests/memplan/test_cli.py and test_launch_check.py plan small shapes"),
     (_ARE + r"(main|agent|vision)-job", "job-config", "a whole job (minutes): its GRPO and SFT "
      "configs are resolved with the command's overrides"),
     (r"^make run$", "job-config", "the main job (minutes), as `arealite main-job`"),

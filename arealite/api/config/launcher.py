@@ -122,6 +122,14 @@ class LauncherConfig(BaseConfig):
         "a folder that holds a run is refused, unless recovery resumes it "
         "(arealite/launcher/run_folder.py).",
     )
+    memory_check: bool = Field(
+        True, description="Before starting anything on GPUs, predict the trainer's and the "
+        "servers' peak memory (arealite.memplan, `arealite plan`) and refuse, with one line "
+        "naming the knob that fits, a run over the GPU's memory less a 10% margin. Skipped on "
+        "CPU runs.")
+    gpu: str = Field(
+        "H100-80GB", description="The accelerator the memory check plans for (a name from "
+        "arealite.memplan.gpus, or a size such as 24GiB).")
     ray: RayLauncherConfig = Field(default_factory=RayLauncherConfig,
                                    description="Placement on a Ray cluster (arealite.launcher.ray).")
 
