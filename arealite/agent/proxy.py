@@ -247,6 +247,9 @@ class AgentProxy:
                 }
                 for c in calls
             ]
+        # rendered before anything is recorded: a template that rejects the reply fails the
+        # call with the session as it was (no segment without a turn)
+        rendered = render(self.tokenizer, messages + [reply], tools, generation=False)
         if seg is None:
             seg = Segment(
                 tokens=[], loss_mask=[], logprobs=[], versions=[], messages=[], tools_key=key
@@ -260,7 +263,7 @@ class AgentProxy:
         seg.logprobs += [0.0] * len(new_ids) + [float(x) for x in resp.output_logprobs]
         seg.versions += [-1] * len(new_ids) + [int(v) for v in resp.output_versions]
         seg.messages = messages + [reply]
-        seg.rendered = render(self.tokenizer, seg.messages, tools, generation=False)
+        seg.rendered = rendered
         seg.turns.append(turn_no)
         session.turns.append(
             Turn(
