@@ -306,7 +306,12 @@ class AgentProxy:
                     "message": {
                         "role": "assistant",
                         "content": content,
-                        "tool_calls": calls or None,
+                        # no ``index`` here: OpenAI's message tool call has none (a
+                        # streamed delta's has, see _as_stream)
+                        "tool_calls": [
+                            {k: v for k, v in c.items() if k != "index"} for c in calls
+                        ]
+                        or None,
                     },
                 }
             ],
@@ -315,7 +320,10 @@ class AgentProxy:
                 "completion_tokens": len(out),
                 "total_tokens": n_prompt + len(out),
             },
-            "metadata": {"weight_versions": sorted(set(resp.output_versions))},
+            # OpenAI's metadata is a string -> string map (the SDK's model refuses a list)
+            "metadata": {
+                "weight_versions": ",".join(str(v) for v in sorted(set(resp.output_versions)))
+            },
         }
 
     # ---- HTTP ------------------------------------------------------------------------------
@@ -470,7 +478,7 @@ async def _as_stream(out: dict[str, Any], body: dict[str, Any]):
 
     yield chunk({"role": "assistant", "content": msg["content"] or ""})
     if msg["tool_calls"]:
-        yield chunk({"tool_calls": msg["tool_calls"]})
+        yield chunk({"tool_calls": [{"index": i, **c} for i, c in enumerate(msg["tool_calls"])]})
     yield chunk({}, choice["finish_reason"])
     if (body.get("stream_options") or {}).get("include_usage"):
         yield (
