@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import copy
 import json
+import logging
 import math
 import os
 import sys
@@ -138,6 +139,11 @@ class VerifiersWorkflow(RolloutWorkflow):
         self.gconfig, self.tokenizer = gconfig, tokenizer
         self.n_episodes, self.turn_discount, self.model = int(n_episodes), turn_discount, model
         self.metrics = list(metrics or [])
+        # one INFO line per rollout and per model call otherwise (verifiers' rollouts, its
+        # interception server's access log)
+        for name in ("verifiers", "aiohttp.access"):
+            if logging.getLogger(name).level == logging.NOTSET:
+                logging.getLogger(name).setLevel(logging.WARNING)
         self._started: tuple[Any, str] | None = None  # (proxy, its URL), on the rollout loop
         self._stack: contextlib.AsyncExitStack | None = None
         self._lock: asyncio.Lock | None = None

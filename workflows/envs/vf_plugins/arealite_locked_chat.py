@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+import uuid
 from typing import Any
 
 from verifiers.v1.harnesses.null.harness import NullHarness, NullHarnessConfig
@@ -40,7 +41,13 @@ class _LockedScripts:
                                 activate: bool = True) -> list[str]:
         data = script.encode() if isinstance(script, str) else script
         path = f"{self._runtime.scripts_dir}/{hashlib.sha256(data).hexdigest()}.py"
-        await self._runtime.write(path, data)
+        # written aside and renamed into place (atomic), as verifiers' own preparation does:
+        # concurrent rollouts share the path, and one must never run a half-written script
+        tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+        await self._runtime.write(tmp, data)
+        moved = await self._runtime.run(["mv", "-f", tmp, path], {})
+        if moved.exit_code != 0:
+            raise RuntimeError(f"could not place the chat program at {path}: {moved}")
         return [sys.executable, path]
 
 
