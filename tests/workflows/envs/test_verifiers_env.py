@@ -7,6 +7,7 @@ eval entry point (``run_eval``, what ``vf-eval`` runs) gives the same completion
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -55,9 +56,9 @@ def workflow(setup, **kw):
     from workflows.envs.verifiers_env import VerifiersWorkflow
 
     eng, _, env, model, _ = setup
-    return VerifiersWorkflow(GREEDY, AutoTokenizer.from_pretrained(str(model)), env=env,
-                             proxy=PROXY, env_paths=[str(ROOT / "examples" / "verifiers_envs")],
-                             **kw)
+    kw.setdefault("env", env)
+    return VerifiersWorkflow(GREEDY, AutoTokenizer.from_pretrained(str(model)), proxy=PROXY,
+                             env_paths=[str(ROOT / "examples" / "verifiers_envs")], **kw)
 
 
 def run(eng, coro, timeout: float = 600):
@@ -137,3 +138,39 @@ def test_rewards_equal_verifiers_own_eval_on_the_same_completions(setup):
     assert [a[i][0] for i in sorted(a)] == [b[i][0] for i in sorted(b)]  # same completions
     assert [a[i][1] for i in sorted(a)] == [b[i][1] for i in sorted(b)]  # same rewards
     assert 0 < sum(r for _, r in a.values()) < N_TASKS, a  # both outcomes occur
+
+
+def test_multi_turn_environment_is_one_segment_of_two_turns(setup):
+    """vf_toy_math_dialog: a scripted user asks a second question after the first reply; the
+    session records both turns in one token sequence (the second prompt extends the first turn's
+    tokens), and the reward is the environment's partial credit over both replies."""
+    eng, _, env, _, tmp = setup
+    dialog = {"taskset": {**env["taskset"], "id": "vf_toy_math_dialog"},
+              "assistant": env["agent"]}
+    from workflows.envs.verifiers_env import export_tasks
+
+    wf = workflow(setup, env=dialog, n_episodes=1)
+
+    export_tasks(dialog, tmp / "dialog.jsonl", limit=1,
+                 env_paths=[str(ROOT / "examples" / "verifiers_envs")])
+    row = json.loads((tmp / "dialog.jsonl").read_text().splitlines()[0])
+    try:
+        ep, session = run(eng, wf.episode(eng, wf.task(row)))
+    finally:
+        run(eng, wf.aclose())
+    (trace,) = ep.traces
+    assert len(session.turns) == 2 and len(session.segments) == 1
+    first, second = session.turns
+    assert second.prompt_ids[:len(first.prompt_ids) + len(first.completion_ids)] == (
+        first.prompt_ids + first.completion_ids)
+    assert "What is" in wf.tokenizer.decode(second.prompt_ids[len(first.prompt_ids):])
+    replies = [m.content or "" for m in trace.assistant_messages]
+    assert replies == [wf.tokenizer.decode(t.completion_ids, skip_special_tokens=True).strip()
+                       for t in session.turns]
+    def number(text):
+        m = re.search(r"####\s*(-?\d+)", text)
+        return m.group(1) if m else None
+
+    want = sum(number(r) is not None and number(r) == number(a)
+               for r, a in zip(replies, row["answers"])) / 2
+    assert session.reward == trace.reward == want
