@@ -13,19 +13,12 @@ The reward ``correct`` is the fraction of the two replies whose first ``#### N``
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import verifiers.v1 as vf
+from vf_toy_math import final_number  # the single-turn example, beside this one
 
 __all__ = ["ToyMathDialogTaskset", "ToyMathDialogEnv"]
-
-_ANSWER = re.compile(r"####\s*(-?\d+)")
-
-
-def final_number(text: str) -> str | None:
-    m = _ANSWER.search(text or "")
-    return m.group(1) if m else None
 
 
 class DialogData(vf.TaskData):
