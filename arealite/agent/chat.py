@@ -93,12 +93,26 @@ def same_message(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return calls_a == calls_b
 
 
+def template_view(messages: list[dict]) -> list[dict]:
+    """Messages as handed to the chat template: an assistant turn's None content becomes ``""``,
+    as SGLang's chat route does, since templates that concatenate ``message['content']`` (e.g.
+    SmolLM2's) cannot render None; templates that test it (``if message.content``) render both
+    alike."""
+    return [
+        {**m, "content": ""} if m["role"] == "assistant" and m.get("content") is None else m
+        for m in messages
+    ]
+
+
 def render(tokenizer: Any, messages: list[dict], tools: list | None, generation: bool) -> str:
     if getattr(tokenizer, "chat_template", None) is None:
         raise ChatRequestError("the tokenizer has no chat template")
     try:
         return tokenizer.apply_chat_template(
-            messages, tools=tools or None, tokenize=False, add_generation_prompt=generation
+            template_view(messages),
+            tools=tools or None,
+            tokenize=False,
+            add_generation_prompt=generation,
         )
     except Exception as e:  # a template that rejects the conversation
         raise ChatRequestError(f"the chat template cannot render these messages: {e}") from None

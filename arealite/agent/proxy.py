@@ -247,6 +247,9 @@ class AgentProxy:
                 }
                 for c in calls
             ]
+        # rendered before anything is recorded: a template that rejects the reply fails the
+        # call with the session as it was (no segment without a turn)
+        rendered = render(self.tokenizer, messages + [reply], tools, generation=False)
         if seg is None:
             seg = Segment(
                 tokens=[], loss_mask=[], logprobs=[], versions=[], messages=[], tools_key=key
@@ -260,7 +263,7 @@ class AgentProxy:
         seg.logprobs += [0.0] * len(new_ids) + [float(x) for x in resp.output_logprobs]
         seg.versions += [-1] * len(new_ids) + [int(v) for v in resp.output_versions]
         seg.messages = messages + [reply]
-        seg.rendered = render(self.tokenizer, seg.messages, tools, generation=False)
+        seg.rendered = rendered
         seg.turns.append(turn_no)
         session.turns.append(
             Turn(
@@ -303,7 +306,12 @@ class AgentProxy:
                     "message": {
                         "role": "assistant",
                         "content": content,
-                        "tool_calls": calls or None,
+                        # no ``index`` here: OpenAI's message tool call has none (a
+                        # streamed delta's has, see _as_stream)
+                        "tool_calls": [
+                            {k: v for k, v in c.items() if k != "index"} for c in calls
+                        ]
+                        or None,
                     },
                 }
             ],
@@ -312,7 +320,10 @@ class AgentProxy:
                 "completion_tokens": len(out),
                 "total_tokens": n_prompt + len(out),
             },
-            "metadata": {"weight_versions": sorted(set(resp.output_versions))},
+            # OpenAI's metadata is a string -> string map (the SDK's model refuses a list)
+            "metadata": {
+                "weight_versions": ",".join(str(v) for v in sorted(set(resp.output_versions)))
+            },
         }
 
     # ---- HTTP ------------------------------------------------------------------------------
@@ -467,7 +478,7 @@ async def _as_stream(out: dict[str, Any], body: dict[str, Any]):
 
     yield chunk({"role": "assistant", "content": msg["content"] or ""})
     if msg["tool_calls"]:
-        yield chunk({"tool_calls": msg["tool_calls"]})
+        yield chunk({"tool_calls": [{"index": i, **c} for i, c in enumerate(msg["tool_calls"])]})
     yield chunk({}, choice["finish_reason"])
     if (body.get("stream_options") or {}).get("include_usage"):
         yield (

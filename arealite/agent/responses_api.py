@@ -285,7 +285,9 @@ def from_chat(out: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
         "metadata": body.get("metadata") or {},
         "usage": {
             "input_tokens": usage["prompt_tokens"],
-            "input_tokens_details": {"cached_tokens": 0},
+            # nothing is read from or written to a prompt cache the agent pays for; the
+            # installed openai SDK's ResponseUsage requires both counts
+            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
             "output_tokens": usage["completion_tokens"],
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": usage["total_tokens"],
@@ -372,7 +374,6 @@ def events(resp: dict[str, Any]) -> list[dict[str, Any]]:
             emit(
                 "response.function_call_arguments.done",
                 **ref,
-                name=item["name"],
                 arguments=item["arguments"],
             )
         emit("response.output_item.done", output_index=idx, item=item)

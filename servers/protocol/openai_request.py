@@ -71,17 +71,17 @@ def choice_seed(seed: int, j: int) -> int:
     return z - (1 << 64) if z >= 1 << 63 else z
 
 
-def _common(body: dict[str, Any], vocab_size: int,
-            default_max_tokens: int | None = None) -> tuple[dict[str, Any], int, bool, bool]:
+def _common(body: dict[str, Any], vocab_size: int, default_max_tokens: int | None = None,
+            min_max_tokens: int = 1) -> tuple[dict[str, Any], int, bool, bool]:
     if not isinstance(body, dict):
         raise ValueError("the request body must be a JSON object")
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise ValueError("model must be a string")
     params = {k: body[k] for k in _PASS if body.get(k) is not None}
-    mnt = _int_field(body, "max_completion_tokens", 1)
+    mnt = _int_field(body, "max_completion_tokens", min_max_tokens)
     if mnt is None:
-        mnt = _int_field(body, "max_tokens", 1)
+        mnt = _int_field(body, "max_tokens", min_max_tokens)
     # None: up to the context (chat), as SGLang's default
     params["max_new_tokens"] = mnt if mnt is not None else default_max_tokens
     min_tokens = _int_field(body, "min_tokens", 0)
@@ -257,7 +257,9 @@ def parse_chat(body: dict[str, Any], tokenizer: Any, vocab_size: int) -> OpenAIR
 
 
 def parse_completion(body: dict[str, Any], tokenizer: Any, vocab_size: int) -> OpenAIRequest:
-    params, n, stream, usage = _common(body, vocab_size, COMPLETION_MAX_TOKENS)
+    # max_tokens 0 is prompt scoring (with echo and logprobs), as OpenAI's legacy API and
+    # SGLang accept it: the prompt is prefilled, nothing is sampled
+    params, n, stream, usage = _common(body, vocab_size, COMPLETION_MAX_TOKENS, min_max_tokens=0)
     if body.get("suffix") is not None:
         raise ValueError("suffix is not supported")
     prompt = body.get("prompt")

@@ -95,8 +95,10 @@ def _sequences(state: ServerState, req: OpenAIRequest) -> list[Sequence]:
         raise ValueError("tool_choice 'required' or a named function needs the server's "
                          "--tool-call-parser (the forced call is written in its format)")
     forced = GrammarSpec("tool_call", json.dumps(req.forced_tools)) if req.forced_tools else None
-    # echo with logprobs scores the prompt too (SGLang: logprob_start_len 0 when both are set)
-    start = 0 if req.echo and req.top_logprobs else -1
+    # echo with logprobs scores the prompt too (SGLang: logprob_start_len 0 when both are set;
+    # ``logprobs: 0`` counts as set, as in OpenAI's legacy API, where it asks for the chosen
+    # tokens' logprobs without alternatives)
+    start = 0 if req.echo and req.logprobs else -1
     for ids, adapter in zip(req.prompts, adapters):
         for j in range(req.n):
             params = SamplingParams.from_dict(one, state.runner.vocab_size)
@@ -182,7 +184,9 @@ def _chat_choice(state: ServerState, req: OpenAIRequest, i: int, seq: Sequence) 
         parsed = parse_tool_calls(text, req.tools)
         if parsed.calls:
             message["content"] = parsed.content or None
-            message["tool_calls"] = parsed.calls
+            # OpenAI's message tool call has no ``index`` (a streamed delta's has)
+            message["tool_calls"] = [{k: v for k, v in c.items() if k != "index"}
+                                     for c in parsed.calls]
             if reason == "stop":
                 reason, matched = "tool_calls", None
     return {"index": i, "message": message, "logprobs": _chat_logprobs(state, seq, 0, len(seq.output_ids)),

@@ -111,6 +111,26 @@ def test_three_tool_turns_record_exactly_what_the_server_generated(engine, token
     assert row["rewards"] == pytest.approx(0.25) and row["num_turns"] == 3
 
 
+def test_a_call_that_fails_after_generation_records_nothing(engine, tokenizer):
+    """A template that renders the prompt but rejects the reply the model generated (here: any
+    assistant tool call) fails the call with a 400, and the session keeps no segment, no turn."""
+    import copy
+
+    from arealite.agent.proxy import AgentProxy
+
+    picky = copy.deepcopy(tokenizer)
+    picky.chat_template = (
+        "{% for m in messages %}{% if m.tool_calls %}"
+        "{{ raise_exception('no tool calls here') }}{% endif %}{% endfor %}"
+        + tokenizer.chat_template
+    )
+    proxy = AgentProxy(engine, picky, GREEDY)
+    session = proxy.start_session()
+    with pytest.raises(openai.BadRequestError, match="no tool calls here"):
+        run(engine, calculator_agent(proxy.client(session)))
+    assert session.turns == [] and session.segments == [] and session.rows() == []
+
+
 def test_template_that_drops_reasoning_starts_a_new_segment(engine, tokenizer):
     from arealite.agent.proxy import AgentProxy
 

@@ -160,6 +160,33 @@ def test_echo_with_logprobs_scores_the_prompt_as_generate_does(client, tool_serv
     assert streamed[0].logprobs.token_logprobs[:len(prompt)] == lp.token_logprobs[:len(prompt)]
 
 
+def test_prompt_scoring_with_max_tokens_0(client, tool_server):
+    """echo + ``max_tokens: 0``: the prompt's log-probs and nothing generated (OpenAI's legacy
+    API and SGLang accept it; ``logprobs: 0`` asks for the chosen tokens' values only)."""
+    prompt = [5, 9, 13, 21, 8]
+    ref = gen(f"http://{tool_server}", {"input_ids": prompt, "return_logprob": True,
+                                        "logprob_start_len": 0,
+                                        "sampling_params": {"max_new_tokens": 0}})["meta_info"]
+    want = [v for v, _, _ in ref["input_token_logprobs"]]
+    for logprobs in (0, 1):
+        r = client.completions.create(model="m", prompt=prompt, max_tokens=0, echo=True,
+                                      logprobs=logprobs)
+        c = r.choices[0]
+        assert r.usage.completion_tokens == 0 and c.finish_reason == "length"
+        assert c.text == client.completions.create(model="m", prompt=prompt, max_tokens=1,
+                                                   echo=True).choices[0].text[:len(c.text)]
+        assert c.logprobs.token_logprobs[0] is None and len(c.logprobs.token_logprobs) == 5
+        assert c.logprobs.token_logprobs[1:] == pytest.approx(want[1:], abs=1e-5)
+        streamed = [ch.choices[0] for ch in client.completions.create(
+            model="m", prompt=prompt, max_tokens=0, echo=True, logprobs=logprobs, stream=True)
+            if ch.choices]
+        assert "".join(ch.text for ch in streamed) == c.text
+        assert [x for ch in streamed if ch.logprobs for x in ch.logprobs.token_logprobs] == (
+            c.logprobs.token_logprobs)
+    with pytest.raises(openai.BadRequestError, match="max_tokens must be in"):
+        client.completions.create(model="m", prompt=prompt, max_tokens=-1)
+
+
 def test_completions_stop_at_16_tokens_by_default(client):
     r = client.completions.create(model="m", prompt="1+2", temperature=0,
                                   extra_body={"ignore_eos": True})
