@@ -37,9 +37,12 @@ class TinkerServerConfig(BaseConfig):
     dist_backend: str = Field("gloo", description="Trainer process group backend.")
     seed: int = Field(1, description="Seed of the trainer (LoRA initialisation).")
     rollout: InferenceEngineConfig = Field(
-        default_factory=lambda: InferenceEngineConfig(max_head_offpolicyness=1 << 20),
-        description="The server pool (server_addrs, keys); max_head_offpolicyness: how many "
-        "older LoRA versions stay loaded for live sampling clients.")
+        default_factory=InferenceEngineConfig,
+        description="The server pool (server_addrs, keys, timeouts).")
+    keep_versions: int = Field(
+        1 << 20, ge=1, description="Older LoRA versions of a model kept loaded on the servers "
+        "for the sampling clients created on them (a sampling client of an unloaded version "
+        "gets an error; each is a small adapter).")
     weight_update: WeightUpdateConfig = Field(
         default_factory=WeightUpdateConfig, description="How weights reach the servers.")
     retrieve_wait: float = Field(

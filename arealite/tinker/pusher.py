@@ -3,8 +3,8 @@ versioned push (``arealite.weights.push.push_weights`` over the transport the co
 backend allow: an adapter from memory or disk for LoRA, disk / tensor / broadcast for every
 weight), driven by an arealite pool client of its own.
 
-A LoRA model's versions stay loaded on the servers side by side (the client's
-``max_head_offpolicyness`` is the number of older versions kept, by default all of them), so a
+A LoRA model's versions stay loaded on the servers side by side (``keep_versions`` older ones,
+by default all of them: the client's staleness bound, past which it unloads them), so a
 sampling client can name its own version for as long as it lives.
 """
 
@@ -25,8 +25,10 @@ class WeightPusher:
     """The pool client and transport plan of one model's pushes."""
 
     def __init__(self, rollout: InferenceEngineConfig, wu: WeightUpdateConfig, lora: bool,
-                 disk_root: Path) -> None:
-        self.client = RemoteInferenceEngine(rollout)
+                 disk_root: Path, keep_versions: int) -> None:
+        # the client unloads adapter versions older than its staleness bound
+        self.client = RemoteInferenceEngine(
+            rollout.model_copy(update={"max_head_offpolicyness": keep_versions}))
         self.client.initialize(None, train_data_parallel_size=1)
         self.plan = WeightPushPlan.choose(wu, lora, SGLANG, False, disk_root, 0)
 

@@ -114,7 +114,8 @@ class TinkerService:
         engine_cfg = cfg.model.model_copy(update={
             "lora": lcfg, "optimizer": cfg.model.optimizer or OptimizerConfig()})
         mdir = self.root / "models" / model_id
-        pusher = WeightPusher(cfg.rollout, cfg.weight_update, lcfg is not None, mdir / "weights")
+        pusher = WeightPusher(cfg.rollout, cfg.weight_update, lcfg is not None, mdir / "weights",
+                              cfg.keep_versions)
         seed = int(lora.get("seed") or cfg.seed) if lora else cfg.seed
         model = TinkerModel(engine_cfg, cfg.device, cfg.dist_backend, seed, pusher.clock)
         return ModelEntry(model_id, session_id, model, pusher, lcfg.rank if lcfg else None)
