@@ -46,7 +46,7 @@ class TinkerServerConfig(BaseConfig):
     weight_update: WeightUpdateConfig = Field(
         default_factory=WeightUpdateConfig, description="How weights reach the servers.")
     retrieve_wait: float = Field(
-        20.0, gt=0, description="Seconds a retrieve_future call waits for its result before "
+        40.0, gt=0, description="Seconds a retrieve_future call waits for its result before "
         "answering try_again (long polling; the SDK allows 45).")
 
     def root(self) -> Path:
