@@ -45,7 +45,7 @@ class VersionGone(SamplingError):
     """The servers no longer hold the session's weights (full-weight training moved on)."""
 
 
-def sampling_params(p: dict[str, Any], eos_ids: list[int]) -> dict[str, Any]:
+def sampling_params(p: dict[str, Any]) -> dict[str, Any]:
     """Tinker's ``SamplingParams`` as SGLang's: ``stop`` is strings or token ids; ``[]``
     turns off EOS too."""
     out: dict[str, Any] = {
@@ -117,7 +117,7 @@ class PoolSampler:
                      ) -> tuple[list[Sequence], list[float] | None]:
         """``num_samples`` sequences (their tokens and log-probs) and, when asked, the prompt's
         log-probs (``nan`` at position 0, which nothing predicts)."""
-        sp = sampling_params(params, [])
+        sp = sampling_params(params)
 
         async def one(i: int) -> dict[str, Any]:
             body = {"input_ids": prompt, "sampling_params": dict(sp), "return_logprob": True,

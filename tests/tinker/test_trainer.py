@@ -11,6 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+pytest.importorskip("tinker")  # arealite.tinker.wire reads the SDK's protobuf
+
 from arealite.api.config.actor import LoRAConfig, OptimizerConfig, TrainEngineConfig
 from arealite.engine.functional import gather_logprobs
 from arealite.engine.ppo.loss import ppo_actor_loss_fn
