@@ -26,14 +26,14 @@ def service(tiny_model_dir, tmp_path_factory):
     """``base_url`` of a Tinker service over one embedded server."""
     root = tmp_path_factory.mktemp("tinker")
     with embedded_server(str(tiny_model_dir), ["--enable-lora", "--max-lora-rank", "8",
-                                               "--random-seed", "0"]) as addr:
+                                               "--random-seed", "0"], timeout=300) as addr:
         port = find_free_port()
         cmd = [sys.executable, "-m", "arealite.cli.main", "tinker-server",
                "configs/tinker_tiny.yaml", f"model.path={tiny_model_dir}",
                f"rollout.server_addrs=[{addr}]", f"fileroot={root}", f"port={port}",
                f"api_key={KEY}"]
         with spawn(cmd, env={"TINKER_TELEMETRY": "0"}) as (proc, log):
-            deadline = time.monotonic() + 180
+            deadline = time.monotonic() + 300
             while time.monotonic() < deadline and proc.poll() is None:
                 with open(log) as f:
                     if "tinker service at" in f.read():
