@@ -22,10 +22,15 @@ ALLOWED: dict[str, set[str]] = {
     "benchmarks": {"arealite.api", "arealite.utils", "arealite.observe", "arealite.backends",
                    "arealite.weights", "arealite.dataset", "arealite.engine", "arealite.rollout",
                    "arealite.launcher", "arealite.trainer", "arealite.demo", "arealite.agent",
-                   "arealite.memplan",
+                   "arealite.memplan", "arealite.tinker",
                    "workflows", "servers"},
     "arealite.cli": {"arealite.demo", "arealite.trainer", "arealite.launcher", "arealite.observe",
-                     "arealite.dataset", "arealite.api", "arealite.utils", "arealite.memplan"},
+                     "arealite.dataset", "arealite.api", "arealite.utils", "arealite.memplan",
+                     "arealite.tinker"},
+    # the Tinker service: a room of its own over the trainer engine and the pool client
+    "arealite.tinker": {"arealite.engine", "arealite.rollout", "arealite.weights",
+                        "arealite.backends", "arealite.observe", "arealite.utils",
+                        "arealite.api"},
     # the demo jobs, their toy models and datasets: on top, so core code never imports a toy
     "arealite.demo": {"arealite.launcher", "arealite.engine", "arealite.observe", "arealite.api",
                       "arealite.dataset", "arealite.utils"},

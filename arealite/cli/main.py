@@ -150,6 +150,12 @@ def _cmd_main_job(args: argparse.Namespace) -> int:
     return main_job(args.overrides, moe=args.moe)
 
 
+def _cmd_tinker_server(args: argparse.Namespace) -> int:
+    from arealite.tinker.main import main as tinker_server
+
+    return tinker_server([args.config, *args.overrides])
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="arealite", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -248,6 +254,11 @@ def build_parser() -> argparse.ArgumentParser:
                        "(docs/agents.md): SFT warm start on tool-call traces + async GRPO")
     a.add_argument("overrides", nargs="*")
     a.set_defaults(fn=_cmd_agent_job)
+    ts = sub.add_parser("tinker-server", help="serve the Tinker API (the official tinker SDK) "
+                        "over a local model and a server pool (docs/tinker.md)")
+    ts.add_argument("config", help="configs/tinker_tiny.yaml")
+    ts.add_argument("overrides", nargs="*", help="dotted key=value overrides")
+    ts.set_defaults(fn=_cmd_tinker_server)
     return p
 
 

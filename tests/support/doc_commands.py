@@ -94,6 +94,11 @@ RULES: list[tuple[str, str, str]] = [
 
 # rules for one doc's commands, checked before RULES
 DOC_RULES: dict[str, list[tuple[str, str, str]]] = {
+    "docs/tinker.md": [
+        (r".", "skip", "a server, the Tinker service and an SDK client for minutes: "
+         "tests/tinker/test_service.py starts the same service (arealite tinker-server over an "
+         "embedded server with --enable-lora) and drives it with the unmodified SDK"),
+    ],
     "docs/quickstart.md": [
         (r"^\.venv/bin/python -m servers\.launch_pool |^until grep |^export \$\(grep |"
          r"^\.venv/bin/torchrun .* -m arealite\.trainer\.grpo ", "skip",
