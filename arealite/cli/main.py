@@ -256,7 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.set_defaults(fn=_cmd_agent_job)
     ts = sub.add_parser("tinker-server", help="serve the Tinker API (the official tinker SDK) "
                         "over a local model and a server pool (docs/tinker.md)")
-    ts.add_argument("config", help="configs/tinker_tiny.yaml")
+    ts.add_argument("config", help="configs/tinker/tiny.yaml")
     ts.add_argument("overrides", nargs="*", help="dotted key=value overrides")
     ts.set_defaults(fn=_cmd_tinker_server)
     return p

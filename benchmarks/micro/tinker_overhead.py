@@ -30,7 +30,7 @@ KEY = "tml-benchmark"
 
 def _start_service(model: str, addr: str, root: str, port: int) -> subprocess.Popen:
     log = open(Path(root) / "tinker.log", "w")  # noqa: SIM115 - lives as long as the process
-    cmd = [sys.executable, "-m", "arealite.cli.main", "tinker-server", "configs/tinker_tiny.yaml",
+    cmd = [sys.executable, "-m", "arealite.cli.main", "tinker-server", "configs/tinker/tiny.yaml",
            f"model.path={model}", f"rollout.server_addrs=[{addr}]", f"fileroot={root}",
            f"port={port}", f"api_key={KEY}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TINKER_TELEMETRY": "0"}

@@ -52,7 +52,7 @@ RULES: list[tuple[str, str, str]] = [
      "refusal of an unknown task"),
     (_ARE + r"rg-data ", "run", "seconds"),
     (_ARE + r"plan ", "skip", "plans a GPU-size model (a minute or more of CPU): "
-     "tests/memplan/test_cli.py and test_launch_check.py plan small shapes"),
+     "tests/memplan/test_plan_cli.py and test_launch_check.py plan small shapes"),
     (_ARE + r"(main|agent|vision)-job", "job-config", "a whole job (minutes): its GRPO and SFT "
      "configs are resolved with the command's overrides"),
     (r"^make run$", "job-config", "the main job (minutes), as `arealite main-job`"),
@@ -98,6 +98,12 @@ DOC_RULES: dict[str, list[tuple[str, str, str]]] = {
         (r".", "skip", "a server, the Tinker service and an SDK client for minutes: "
          "tests/tinker/test_service.py starts the same service (arealite tinker-server over an "
          "embedded server with --enable-lora) and drives it with the unmodified SDK"),
+    ],
+    "docs/environments.md": [
+        (r".", "skip", "verifiers' environments trained for minutes on the toy warm start: "
+         "tests/workflows/envs/test_verifiers_env.py exports the same example environments, runs "
+         "them through the workflow token-exact and checks their rewards against verifiers' own "
+         "eval"),
     ],
     "docs/quickstart.md": [
         (r"^\.venv/bin/python -m servers\.launch_pool |^until grep |^export \$\(grep |"

@@ -29,7 +29,7 @@ def service(tiny_model_dir, tmp_path_factory):
                                                "--random-seed", "0"], timeout=300) as addr:
         port = find_free_port()
         cmd = [sys.executable, "-m", "arealite.cli.main", "tinker-server",
-               "configs/tinker_tiny.yaml", f"model.path={tiny_model_dir}",
+               "configs/tinker/tiny.yaml", f"model.path={tiny_model_dir}",
                f"rollout.server_addrs=[{addr}]", f"fileroot={root}", f"port={port}",
                f"api_key={KEY}"]
         with spawn(cmd, env={"TINKER_TELEMETRY": "0"}) as (proc, log):
