@@ -7,14 +7,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+# the packaging standards' name comparison (PEP 503), as pip applies it
+from packaging.utils import canonicalize_name as canonical
+
 ROOT = Path(__file__).resolve().parents[2]
 LOCKS = ROOT / "requirements"
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==([^\s;\\]+)")
-
-
-def canonical(name: str) -> str:
-    """A distribution name as the packaging standards compare it (PEP 503)."""
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def read_lock(*names: str) -> dict[str, str]:
