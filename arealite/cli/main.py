@@ -77,7 +77,7 @@ def _cmd_rg_data(args: argparse.Namespace) -> int:
     try:
         tasks = with_configs(parse_tasks(args.tasks), args.configs)
         paths = write_reasoning_gym(args.out, tasks, args.n_train, args.n_valid, args.seed,
-                                    args.system_prompt, args.answer_prefix)
+                                    args.system_prompt, args.answer_prefix, args.shots)
     except ValueError as e:  # also bad JSON in --configs
         print(f"arealite: {e}", file=sys.stderr)
         return 2

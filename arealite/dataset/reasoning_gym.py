@@ -12,6 +12,12 @@ model's chat template. ``workflows.rewards.reasoning_gym``
 scores a completion with the task's own ``score_answer`` from ``task``, ``task_config``,
 ``answer`` and ``metadata``.
 
+Few-shot (``shots=N``): each row's prompt puts N solved problems of the same task before its
+question, as earlier user and assistant turns (the answer between the tags, as the system prompt
+asks), so the prompt itself shows the required format and a rise in right answers under it is not
+format learning. Each row draws its own N from a seeded pool of the task's problems that holds no
+held-out question (a fixed set of examples invites copying one of their answers).
+
 Splits: each task draws its train and held-out problems from differently seeded generators;
 a train problem whose question also appears in held-out is skipped (small problem spaces repeat),
 so the two never share a problem. A task whose problem space is smaller than its share of train
@@ -118,6 +124,8 @@ def add_data_options(p: argparse.ArgumentParser, tasks: str | None, configs: str
                    help="reasoning-gym's SYSTEM_PROMPTS entry put before each question")
     p.add_argument("--answer-prefix", default="<answer>",
                    help="the start of the model's reply, prefilled ('' for none)")
+    p.add_argument("--shots", type=int, default=0,
+                   help="solved problems of the same task before each question (few-shot)")
 
 
 def _seed(seed: int, *parts: Any) -> int:
@@ -174,12 +182,41 @@ def _task_entries(
         out.append(entry)
         if len(out) == n:
             return out
+    if split == "shots" and len(out) > 1:  # a few-shot pool: as many distinct ones as there are
+        return out
     if split == "train" and out:  # a small problem space: its problems again, in turn
         return [out[i % len(out)] for i in range(n)]
     raise ValueError(
         f"reasoning-gym task {t.name!r}: only {len(out)} distinct {split} problems "
         f"of {n}; raise its difficulty or ask for fewer"
     )
+
+
+SHOT_POOL = 64  # solved problems a task's few-shot examples are drawn from
+
+
+def _shot_turns(
+    t: TaskSpec, entries: list[dict[str, Any]], shots: int, seed: int, split: str,
+    held_out: set[str],
+) -> list[list[dict[str, str]]]:
+    """For each entry, ``shots`` solved problems of task ``t`` as user/assistant turns, drawn by
+    a seeded rng from a pool that holds no ``held_out`` question and never the entry's own."""
+    if shots <= 0:
+        return [[] for _ in entries]
+    pool = _task_entries(t, SHOT_POOL, seed, "shots", held_out)
+    rng = random.Random(_seed(seed, split, "shots", t.name))
+    out = []
+    for e in entries:
+        others = [p for p in pool if p["question"] != e["question"]]
+        if len(others) < shots:
+            raise ValueError(f"reasoning-gym task {t.name!r}: {len(others)} problems for "
+                             f"{shots} few-shot examples; ask for fewer shots")
+        picks = rng.sample(others, shots)
+        out.append([turn for p in picks for turn in (
+            {"role": "user", "content": p["question"]},
+            {"role": "assistant", "content": f"<answer>{p['answer']}</answer>"},
+        )])
+    return out
 
 
 def build_rows(
@@ -190,10 +227,12 @@ def build_rows(
     system_prompt: str = "default",
     avoid: set[str] | None = None,
     answer_prefix: str = "",
+    shots: int = 0,
 ) -> list[dict[str, Any]]:
     """``n`` rows of one split, in a seeded shuffled order. ``avoid``: questions to leave out
     (the held-out questions when building train). ``answer_prefix`` (e.g. ``"<answer>"``): the
-    assistant turn starts with it, and the model continues from there (a prefill)."""
+    assistant turn starts with it, and the model continues from there (a prefill). ``shots``:
+    solved problems of the row's task before its question (module docstring)."""
     from reasoning_gym.utils import SYSTEM_PROMPTS
 
     if split not in SPLITS:
@@ -202,9 +241,14 @@ def build_rows(
         raise ValueError(
             f"system_prompt must be one of {sorted(SYSTEM_PROMPTS)}, not {system_prompt!r}"
         )
+    if shots < 0:
+        raise ValueError(f"shots must be >= 0, not {shots}")
     rows = []
     for t, k in zip(tasks, _counts(tasks, n, seed, split)):
-        for e in _task_entries(t, k, seed, split, avoid or set()):
+        entries = _task_entries(t, k, seed, split, avoid or set())
+        # the pool avoids every held-out question: train's avoid set, or valid's own questions
+        held_out = set(avoid or ()) | ({e["question"] for e in entries} if split == "valid" else set())
+        for e, examples in zip(entries, _shot_turns(t, entries, shots, seed, split, held_out)):
             rows.append(
                 {
                     "task": t.name,
@@ -212,6 +256,7 @@ def build_rows(
                     **e,
                     "messages": [
                         {"role": "system", "content": SYSTEM_PROMPTS[system_prompt]},
+                        *examples,
                         {"role": "user", "content": e["question"]},
                         *(
                             [{"role": "assistant", "content": answer_prefix}]
@@ -233,9 +278,11 @@ def write_reasoning_gym(
     seed: int = 0,
     system_prompt: str = "default",
     answer_prefix: str = "",
+    shots: int = 0,
 ) -> dict[str, Path]:
     """Write ``valid.jsonl`` and ``train.jsonl`` (no question in both) into ``out_dir``."""
-    valid = build_rows(tasks, n_valid, seed, "valid", system_prompt, answer_prefix=answer_prefix)
+    valid = build_rows(tasks, n_valid, seed, "valid", system_prompt, answer_prefix=answer_prefix,
+                       shots=shots)
     train = build_rows(
         tasks,
         n_train,
@@ -244,6 +291,7 @@ def write_reasoning_gym(
         system_prompt,
         avoid={r["question"] for r in valid},
         answer_prefix=answer_prefix,
+        shots=shots,
     )
     out = Path(out_dir)  # created only once every row is built and checked
     out.mkdir(parents=True, exist_ok=True)

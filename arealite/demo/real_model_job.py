@@ -45,6 +45,11 @@ DEFAULT_CONFIGS = {
 }
 
 
+# Three solved problems before each question show the answer format in the prompt, so the
+# held-out right answers that training adds are skill, not format (#56).
+DEFAULT_SHOTS = 3
+
+
 def default_tasks() -> list[TaskSpec]:
     """The job's default mix, each task with its sweep config."""
     return [
@@ -74,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
         configs_help="each task's own config (difficulty) as JSON; default: the sweep's choice",
         seed_flag="--data-seed",
     )
+    p.set_defaults(shots=DEFAULT_SHOTS)
     p.add_argument("--lora", action="store_true", help="train a LoRA adapter (frozen base)")
     p.add_argument("overrides", nargs="*", help="config key=value overrides")
     return p
@@ -93,6 +99,7 @@ def ensure_assets(
     seed: int = 0,
     system_prompt: str = "direct",
     answer_prefix: str = "<answer>",
+    shots: int = DEFAULT_SHOTS,
 ) -> tuple[Path, Path]:
     """SmolLM2 under ``{fileroot}/assets/smollm2`` and the rows of this data spec under
     ``{fileroot}/assets/rg/<hash>/``, each built when missing: (model dir, data dir)."""
@@ -107,10 +114,12 @@ def ensure_assets(
         "seed": seed,
         "system_prompt": system_prompt,
         "answer_prefix": answer_prefix,
+        **({"shots": shots} if shots else {}),  # zero-shot specs keep their old hash (folder)
     }
     data = data_dir(assets, spec)
     if not (data / "valid.jsonl").is_file():
-        write_reasoning_gym(data, tasks, n_train, n_valid, seed, system_prompt, answer_prefix)
+        write_reasoning_gym(data, tasks, n_train, n_valid, seed, system_prompt, answer_prefix,
+                            shots)
         (data / "spec.json").write_text(json.dumps(spec, indent=1))
     return model, data
 
@@ -130,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     try:
         model, data = ensure_assets(
-            fileroot, tasks, a.n_train, a.n_valid, a.data_seed, a.system_prompt, a.answer_prefix
+            fileroot, tasks, a.n_train, a.n_valid, a.data_seed, a.system_prompt, a.answer_prefix,
+            a.shots,
         )
     except ValueError as e:
         print(f"arealite: {e}", file=sys.stderr)

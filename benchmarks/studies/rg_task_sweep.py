@@ -106,24 +106,11 @@ def sweep(a: argparse.Namespace, tasks: list[str], out: Path) -> list[dict]:
 
 def few_shot_rows(spec, n: int, shots: int, seed: int, system_prompt: str,
                   prefix: str) -> list[dict]:
-    """``n`` held-out rows of one task, each prompt with ``shots`` solved train problems of the
-    same task before its question (user turn, then the answer as the reward wants it)."""
+    """``n`` held-out rows of one task, each prompt with ``shots`` solved problems of the same
+    task before its question, drawn per row (``build_rows``' few-shot prompt, as the job's)."""
     from arealite.dataset.reasoning_gym import build_rows
 
-    valid = build_rows([spec], n, seed, "valid", system_prompt, answer_prefix=prefix)
-    if shots == 0:
-        return valid
-    train = build_rows([spec], shots, seed, "train", system_prompt,
-                       avoid={r["question"] for r in valid})
-    turns = []
-    for r in train:
-        turns += [{"role": "user", "content": r["question"]},
-                  {"role": "assistant", "content": f"<answer>{r['answer']}</answer>"}]
-    for r in valid:
-        msgs = r["messages"]
-        head = 1 if msgs and msgs[0]["role"] == "system" else 0
-        r["messages"] = msgs[:head] + turns + msgs[head:]
-    return valid
+    return build_rows([spec], n, seed, "valid", system_prompt, answer_prefix=prefix, shots=shots)
 
 
 def sweep_arealite(a: argparse.Namespace, tasks: list[str], out: Path) -> list[dict]:

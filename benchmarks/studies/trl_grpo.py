@@ -10,10 +10,12 @@ transformers and torch, plus only the repo's pure-Python toy grader
 What it does: GRPO from the given (SFT) checkpoint on ``DATA/train.jsonl`` with
 ``use_vllm=False`` on the CPU in fp32, generation in line with training (TRL's own path),
 without gradient checkpointing (TRL's default is on; nothing to save on a ~1M-parameter
-model). Every ``--eval-every`` optimizer steps (and before the first) a callback measures
-greedy accuracy on ``DATA/valid.jsonl`` with the same grader and the same ``--max-new-tokens``; its seconds are
-kept off the training clock. Training stops once the training clock passes ``--seconds`` (after
-an evaluation). The result JSON holds the evaluation curve ``[[step, train_seconds, accuracy]]``,
+model). Every ``--eval-every`` optimizer steps (and before the first) a callback grades greedy replies to
+``DATA/valid.jsonl`` with the same grader and the same ``--max-new-tokens`` as arealite's default
+evaluation does (``arealite.observe.heldout_grading``, pure Python): ``right`` (the answer right
+wherever it stands), ``exact`` (paid in full) and the mean score; its seconds are kept off the
+training clock. Training stops once the training clock passes ``--seconds`` (after
+an evaluation). The result JSON holds the evaluation curve ``[[step, train_seconds, right, exact, score]]``,
 the steps, the training seconds and the time spent in generation + scoring (TRL's
 ``_generate_and_score_completions``) versus the rest of the step (forward, backward, AdamW).
 """
@@ -30,6 +32,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # the toy grader only (pure Python)
 
+from arealite.observe import heldout_grading as hg  # noqa: E402
 from workflows.rewards.toy import toy_reward  # noqa: E402
 
 TASKS = ("toy", "rg")  # the toy arithmetic task; reasoning-gym rows (arealite rg-data)
@@ -49,6 +52,17 @@ def as_prompt(row: dict[str, Any]) -> list[dict[str, str]]:
     return [{"role": "user", "content": str(row["question"])}]
 
 
+REAL_CONFIG = ROOT / "configs" / "smollm2_rg_grpo.yaml"
+
+
+def rg_reward_kwargs() -> dict[str, Any]:
+    """The real-model job's reward settings (its config's ``workflow.kwargs.reward_kwargs``),
+    so TRL is paid exactly as arealite is."""
+    import yaml
+
+    return dict(yaml.safe_load(REAL_CONFIG.read_text())["workflow"]["kwargs"]["reward_kwargs"])
+
+
 def score(task: str, text: str, row: dict[str, Any]) -> float:
     """The task's grader on one completion: the toy grader, or reasoning-gym's own verifier
     through ``workflows.rewards.reasoning_gym`` with the real-model job's settings."""
@@ -57,8 +71,19 @@ def score(task: str, text: str, row: dict[str, Any]) -> float:
     from workflows.rewards.reasoning_gym import reasoning_gym_reward
 
     fields = {k: row[k] for k in ("task", "question", "answer", "messages") if k in row}
-    return reasoning_gym_reward("", text, untagged="whole", metadata=json.loads(row["metadata_json"]),
-                                task_config=json.loads(row["task_config_json"]), **fields)
+    return reasoning_gym_reward("", text, metadata=json.loads(row["metadata_json"]),
+                                task_config=json.loads(row["task_config_json"]),
+                                **rg_reward_kwargs(), **fields)
+
+
+def grade(task: str, text: str, row: dict[str, Any]) -> tuple[float, float, float]:
+    """(right, exact, score) of one held-out reply, as arealite's default evaluation grades it."""
+    def pays(completion: str) -> float | None:
+        return score(task, completion, row)
+
+    gold, paid = str(row["answer"]), score(task, text, row)
+    g = hg.grade(text, gold, paid, pays, 1.0, hg.gold_template(gold, pays, 1.0))
+    return float(g.right), float(g.exact), g.score
 
 
 def as_column_row(task: str, row: dict[str, Any]) -> dict[str, Any]:
@@ -97,16 +122,17 @@ def reward_fn(task: str):
     return reward
 
 
-def greedy_accuracy(model: Any, tokenizer: Any, rows: list[dict[str, Any]], max_new_tokens: int,
-                    batch: int = 256, task: str = "toy") -> float:
-    """Mean grader score of greedy completions over ``rows`` (left-padded batched ``generate``)."""
+def greedy_eval(model: Any, tokenizer: Any, rows: list[dict[str, Any]], max_new_tokens: int,
+                batch: int = 256, task: str = "toy") -> tuple[float, float, float]:
+    """Greedy completions over ``rows`` (left-padded batched ``generate``): the shares right and
+    exact and the mean score (``grade``)."""
     import torch
 
     was_training = model.training
     model.eval()
     side = tokenizer.padding_side
     tokenizer.padding_side = "left"
-    hits = 0.0
+    sums = [0.0, 0.0, 0.0]
     try:
         for i in range(0, len(rows), batch):
             chunk = rows[i: i + batch]
@@ -118,11 +144,13 @@ def greedy_accuracy(model: Any, tokenizer: Any, rows: list[dict[str, Any]], max_
                 out = model.generate(**enc, do_sample=False, max_new_tokens=max_new_tokens,
                                      eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
             texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
-            hits += sum(score(task, t, rg_fields(task, r)) for t, r in zip(texts, chunk))
+            for t, r in zip(texts, chunk):
+                sums = [x + y for x, y in zip(sums, grade(task, t, rg_fields(task, r)))]
     finally:
         tokenizer.padding_side = side
         model.train(was_training)
-    return hits / max(len(rows), 1)
+    right, exact, mean_score = (x / max(len(rows), 1) for x in sums)
+    return right, exact, mean_score
 
 
 def rg_fields(task: str, row: dict[str, Any]) -> dict[str, Any]:
@@ -180,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
                 phase["generate_s"] += time.perf_counter() - t
 
     class EvalClock(TrainerCallback):
-        """Greedy held-out mean score every N steps, off the training clock; stops on the budget."""
+        """Greedy held-out right / exact / mean score every N steps, off the training clock;
+        stops on the budget."""
 
         def __init__(self) -> None:
             self.curve: list[list[float]] = []
@@ -193,9 +222,10 @@ def main(argv: list[str] | None = None) -> int:
         def evaluate(self, step: int, model: Any) -> None:
             te = time.perf_counter()
             trained = self.train_seconds() if self.t0 else 0.0
-            acc = greedy_accuracy(model, tokenizer, valid, a.max_new_tokens, task=a.task)
-            self.curve.append([step, trained, acc])
-            print(f"trl step {step}: train {trained:.1f}s, held-out mean score {acc:.3f}", flush=True)
+            right, exact, mean_score = greedy_eval(model, tokenizer, valid, a.max_new_tokens, task=a.task)
+            self.curve.append([step, trained, right, exact, mean_score])
+            print(f"trl step {step}: train {trained:.1f}s, held-out right {right:.3f} exact "
+                  f"{exact:.3f} mean score {mean_score:.3f}", flush=True)
             self.eval_s += time.perf_counter() - te
 
         def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:

@@ -29,9 +29,9 @@ seed). Each system trains for ``--seconds`` of training time (evaluations exclud
   the main job's recovery checkpoint every 10 steps (TRL saves nothing).
 
 Figures per system: steps, seconds per step (training seconds / steps), the phase times,
-held-out mean score against training seconds, and the training seconds to the first evaluation at
+held-out right (the share of right answers, `eval/right`) against training seconds, and the training seconds to the first evaluation at
 or above ``--target``. Headlines: arealite async / TRL for seconds per step (target <= 0.7) and
-for time to target mean score (target <= 0.5); with several seeds, each seed's ratios and the
+for time to the target right share (target <= 0.5); with several seeds, each seed's ratios and the
 ratios of the means over seeds (which carry the targets: the first crossing of a noisy held-out
 curve moves by ~60% from seed to seed, on both sides). Each side is evaluated every
 ``--eval-every`` of its own steps, so the side with slower steps sees its crossing later; a time
@@ -106,7 +106,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="60 s per system, target 0.5")
     p.add_argument("--seconds", type=float, default=None, help="training seconds per system (default 300)")
-    p.add_argument("--target", type=float, default=None, help="held-out mean score target (default 0.7; 0.5 with --quick)")
+    p.add_argument("--target", type=float, default=None, help="held-out right-share target (default 0.7; 0.5 with --quick)")
     p.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated, from {SYSTEMS}")
     p.add_argument("--prompts", type=int, default=8, help="prompts per step")
     p.add_argument("--samples", type=int, default=8, help="samples per prompt")

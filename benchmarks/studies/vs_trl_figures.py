@@ -1,5 +1,5 @@
 """The figures of a vs_trl run (``benchmarks/studies/vs_trl.py``), pure functions of the arms'
-summaries: an arm's key and label, time to the target mean score and its evaluation-grid bound,
+summaries: an arm's key and label, time to the target right share (held-out right answers) and its evaluation-grid bound,
 the arealite / TRL ratios per seed, of the means over seeds and on the seeds' mean curves, the
 table, the headline lines the results page reads (``benchmarks/harness/report.py``), the page
 entry, a part's report and the mean-score plot."""
@@ -11,7 +11,8 @@ from typing import Any
 
 TARGET_STEP_RATIO, TARGET_TTA_RATIO = 0.7, 0.5
 LABELS = {"trl": "TRL GRPOTrainer", "async": "arealite async (eta=2)", "sync": "arealite sync"}
-Curve = list[tuple[float, float]]  # (training seconds, held-out mean score)
+Curve = list[tuple[float, float]]  # (training seconds, held-out right: the share of right answers)
+MEASURE = "eval/right"  # arealite's key for it (arealite.observe.heldout_eval)
 
 
 def run_key(name: str, seed: int, seeds: list[int]) -> str:
@@ -82,8 +83,8 @@ def arealite_summary(records: list[dict[str, Any]], target: float) -> dict[str, 
     steps = sorted((r for r in records if r.get("step", 0) >= 1 and "timeperf/step" in r), key=lambda r: r["step"])
     if not steps:
         raise ValueError("no step records in the metrics")
-    curve: Curve = [(0.0 if r["step"] == 0 else float(r.get("timeperf/train_elapsed", 0.0)), float(r["eval/score"]))
-                    for r in records if isinstance(r.get("eval/score"), (int, float))]
+    curve: Curve = [(0.0 if r["step"] == 0 else float(r.get("timeperf/train_elapsed", 0.0)), float(r[MEASURE]))
+                    for r in records if isinstance(r.get(MEASURE), (int, float))]
     train_s = float(steps[-1]["timeperf/train_elapsed"])
     n = len(steps)
     phases = {p: sum(float(r.get(f"timeperf/{p}", 0.0)) for r in steps) / n
@@ -93,7 +94,7 @@ def arealite_summary(records: list[dict[str, Any]], target: float) -> dict[str, 
 
 def trl_summary(result: dict[str, Any], target: float) -> dict[str, Any]:
     """Figures of the TRL run from ``benchmarks/studies/trl_grpo.py``'s result JSON."""
-    curve: Curve = [(float(t), float(acc)) for _, t, acc in result["curve"]]
+    curve: Curve = [(float(row[1]), float(row[2])) for row in result["curve"]]  # [step, s, right, ...]
     return finish({"steps": int(result["steps"]), "train_s": float(result["train_s"]), "curve": curve,
                    "phases": dict(result.get("phases", {}))}, target)
 
@@ -177,7 +178,7 @@ def seed_headlines(runs: dict[str, dict[str, Any]], target: float, targets: bool
             out.append(line + (f" (target <= {TARGET_STEP_RATIO})" if not tag else tag) + f" [{label(fast)}]")
         trl = runs[first]
         ratio, how = tta_ratio(s, trl)
-        what = f"arealite {name} / TRL time to {target:.2f} held-out mean score"
+        what = f"arealite {name} / TRL time to {target:.2f} held-out right"
         if ratio is None:
             out.append(f"{what}: {how} (arealite {_f(s['tta_s'], '.1f')} s, TRL {_f(trl['tta_s'], '.1f')} s)")
         else:
@@ -210,7 +211,7 @@ def mean_headlines(by_seed: dict[int, dict[str, dict[str, Any]]], target: float)
             ratio = sum(r["step_s"] for r in ours) / sum(r["step_s"] for r in fast)
             out.append(f"arealite {name} / TRL seconds per step {over}: {ratio:.2f}x"
                        + (f" (target <= {TARGET_STEP_RATIO})" if targets else " (no target)"))
-        what = f"arealite {name} / TRL time to {target:.2f} held-out mean score {over}"
+        what = f"arealite {name} / TRL time to {target:.2f} held-out right {over}"
         # a run that never reached the target counts with its whole training time (a bound, as
         # tta_ratio's): only one side may miss it, and the line says which way the bound goes
         ours_miss, trl_miss = (any(r["tta_s"] is None for r in rs) for rs in (ours, first))
@@ -229,7 +230,7 @@ def mean_headlines(by_seed: dict[int, dict[str, dict[str, Any]]], target: float)
 
 
 def curve_at(curve: Curve, t: float) -> float:
-    """The held-out mean score at training second ``t``, linear between evaluations (``t`` within
+    """The held-out right share at training second ``t``, linear between evaluations (``t`` within
     the curve's span)."""
     pts = sorted(curve)
     for (t0, a0), (t1, a1) in zip(pts, pts[1:]):
@@ -241,7 +242,7 @@ def curve_at(curve: Curve, t: float) -> float:
 
 
 def mean_curve(curves: list[Curve]) -> Curve:
-    """The seeds' held-out mean score averaged at each training second, each seed's curve linear
+    """The seeds' held-out right share averaged at each training second, each seed's curve linear
     between its evaluations, up to the shortest run's last evaluation. Given at every seed's
     evaluation times (where the mean can bend), so it is exact between them too."""
     end = min(max(t for t, _ in c) for c in curves)
@@ -265,7 +266,7 @@ def mean_curve_headlines(by_seed: dict[int, dict[str, dict[str, Any]]], target: 
     """Time to ``target`` on the seeds' mean curves (``mean_curve``), arealite / TRL: when the
     average run reaches it. The mean of the first crossings (``mean_headlines``) counts a run
     that touches the target for one evaluation and falls back as reaching it; this counts the
-    mean score a run holds. When TRL's mean curve never reaches the target, the ratio is an upper
+    right share a run holds. When TRL's mean curve never reaches the target, the ratio is an upper
     bound, and the line adds the time each side's mean curve takes to TRL's mean-curve best."""
     seeds = sorted(by_seed)
     best = {seed: best_trl(runs) for seed, runs in by_seed.items()}
@@ -280,7 +281,7 @@ def mean_curve_headlines(by_seed: dict[int, dict[str, dict[str, Any]]], target: 
             continue
         ours = mean_curve([by_seed[seed][name]["curve"] for seed in seeds])
         hit = crossing(ours, target)
-        what = (f"arealite {name} / TRL time to {target:.2f} held-out mean score on the mean curve over seeds "
+        what = (f"arealite {name} / TRL time to {target:.2f} held-out right on the mean curve over seeds "
                 f"{','.join(map(str, seeds))}")
         if hit is None:
             out.append(f"{what}: not reached by arealite {name}'s mean curve in {ours[-1][0]:.0f} s "
@@ -342,7 +343,7 @@ def plot(runs: dict[str, dict[str, Any]], target: float, png: Path) -> None:
             ax.plot([t for t, _ in s["curve"]], [acc for _, acc in s["curve"]], marker=".", label=label(name))
         ax.axhline(target, color="grey", ls="--", lw=0.8)
         ax.set_xlabel("training seconds (evaluations excluded)")
-        ax.set_ylabel("held-out greedy mean score")
+        ax.set_ylabel("held-out greedy right answers (share)")
         ax.grid(alpha=0.3)
         ax.legend()
         fig.savefig(png, dpi=100, bbox_inches="tight")

@@ -94,3 +94,34 @@ def test_a_small_problem_space_repeats_in_train_never_in_held_out():
     assert not distinct & {r["question"] for r in valid}
     with pytest.raises(ValueError, match="distinct valid problems"):
         build_rows(tiny, 600, seed=0, split="valid")
+
+
+def test_few_shot_rows_show_solved_problems_of_the_task_and_never_a_held_out_one():
+    task = [TaskSpec("chain_sum", 1.0, {"min_terms": 2, "max_terms": 2, "min_digits": 1,
+                                         "max_digits": 1})]
+    valid = build_rows(task, 30, seed=1, split="valid", system_prompt="direct",
+                       answer_prefix="<answer>", shots=3)
+    train = build_rows(task, 60, seed=1, split="train", system_prompt="direct",
+                       avoid={r["question"] for r in valid}, answer_prefix="<answer>", shots=3)
+    held_out = {r["question"] for r in valid}
+    examples = set()
+    for r in valid + train:
+        m = r["messages"]
+        assert [t["role"] for t in m] == ["system"] + ["user", "assistant"] * 4
+        assert m[-2]["content"] == r["question"] and m[-1]["content"] == "<answer>"
+        shots = [(m[i]["content"], m[i + 1]["content"]) for i in range(1, 7, 2)]
+        for q, a in shots:
+            assert q not in held_out and q != r["question"]
+            assert a.startswith("<answer>") and a.endswith("</answer>")
+        examples.add(tuple(shots))
+    assert len(examples) > 10  # each row draws its own examples, not one fixed set
+    # the same seed gives the same prompts; no shots gives the old zero-shot rows
+    again = build_rows(task, 30, seed=1, split="valid", system_prompt="direct",
+                       answer_prefix="<answer>", shots=3)
+    assert again == valid
+    plain = build_rows(task, 30, seed=1, split="valid", system_prompt="direct",
+                       answer_prefix="<answer>")
+    assert [len(r["messages"]) for r in plain] == [3] * 30
+    assert [r["question"] for r in plain] == [r["question"] for r in valid]
+    with pytest.raises(ValueError, match="shots"):
+        build_rows(task, 2, seed=1, split="valid", shots=500)

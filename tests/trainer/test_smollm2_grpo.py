@@ -12,7 +12,7 @@ import pytest
 import requests
 
 from arealite.dataset.reasoning_gym import write_reasoning_gym
-from arealite.demo.real_model_job import LORA_OVERRIDES, default_tasks
+from arealite.demo.real_model_job import DEFAULT_SHOTS, LORA_OVERRIDES, default_tasks
 from benchmarks.harness.grpo_runs import ROOT, wait_exit
 from tests.support.procs import embedded_server, log_tail, spawn
 
@@ -31,7 +31,8 @@ def test_one_grpo_step_on_reasoning_gym_pushes_weights_and_checkpoints(tmp_path,
     assert "quantization_config" not in json.loads((smollm2_dir / "config.json").read_text())
     data = tmp_path / "data"
     tasks = default_tasks()
-    write_reasoning_gym(data, tasks, 8, 2, seed=0, system_prompt="direct", answer_prefix="<answer>")
+    write_reasoning_gym(data, tasks, 8, 4, seed=0, system_prompt="direct", answer_prefix="<answer>",
+                        shots=DEFAULT_SHOTS)
     with embedded_server(
         str(smollm2_dir),
         ["--context-length", "512", "--dtype", "float32", "--weight-version", "0"],
@@ -47,8 +48,9 @@ def test_one_grpo_step_on_reasoning_gym_pushes_weights_and_checkpoints(tmp_path,
             f"cluster.fileroot={tmp_path}",
             f"actor.path={smollm2_dir}",
             f"train_dataset.path={data / 'train.jsonl'}",
-            "valid_dataset=null",
-            "evaluator.freq_steps=null",
+            f"valid_dataset.path={data / 'valid.jsonl'}",
+            "evaluator.freq_steps=1",
+            "evaluator.pass_k=2",
             "train_dataset.batch_size=2",
             "actor.group_size=2",
             "gconfig.n_samples=2",
@@ -89,6 +91,26 @@ def test_one_grpo_step_on_reasoning_gym_pushes_weights_and_checkpoints(tmp_path,
     assert step["logprob_agreement/n_tokens"] > 0
     assert step["logprob_agreement/max_abs_diff"] < 1e-4  # measured ~2e-5 in fp32
     assert abs(step["approx_kl/avg"]) < 1e-4
+
+    # The held-out evaluation's fields (#56), before training and after the step: right, exact,
+    # format, the task's score, majority shares and collapse, pass@2 of sampled replies; and
+    # every graded reply kept in the run folder.
+    evals = [r for r in rows if "eval/right" in r]
+    assert [r["step"] for r in evals] == [0, 1]
+    for r in evals:
+        shares = ("right", "exact", "format", "score", "majority_share", "gold_majority_share",
+                  "pass@2", "pass@2_exact")
+        assert all(0.0 <= r[f"eval/{k}"] <= 1.0 for k in shares), r
+        assert r["eval/exact"] <= r["eval/right"] and r["eval/collapse"] in (0.0, 1.0)
+        assert r["eval/n"] == 4 and r["eval/rows_written"] == 4 and r["eval/pass@2_rows"] == 4
+        assert "eval/accuracy" not in r  # no eval_fn: the mean reward is eval/score, never this
+    kept = [json.loads(line) for line in (run / "logs" / "heldout_completions.jsonl").read_text().splitlines()]
+    assert len(kept) == 8 and {k["step"] for k in kept} == {0, 1}
+    for k in kept:
+        assert {"prompt", "reply", "gold", "right", "exact", "format", "score"} <= set(k)
+        # the few-shot prompt: three solved problems, then the question with the answer tag open
+        assert k["prompt"].count("<answer>") == DEFAULT_SHOTS + 1
+        assert k["exact"] == (k["score"] == 1.0)  # the job pays right answers only, in full
 
     # The step's checkpoint loads with transformers and is the model the server was serving:
     # its logprobs of the server's greedy tokens are the server's.

@@ -60,9 +60,12 @@ def reasoning_gym_reward(
     task_config: dict[str, Any] | None = None,
     messages: list[dict[str, Any]] | None = None,
     untagged: str = "none",
+    full_credit_only: bool = False,
     **row: Any,
 ) -> float:
-    """The task's ``score_answer`` on the completion's answer (a row without ``task`` raises)."""
+    """The task's ``score_answer`` on the completion's answer (a row without ``task`` raises).
+    ``full_credit_only``: 1.0 for a score of 1.0, else 0.0, so a near-miss that a task gives
+    partial credit (``12`` for ``2``) is not paid: the reward pays for right answers only."""
     if not task:
         raise ValueError(
             "reasoning_gym_reward needs the row's `task` (rows from arealite.dataset.reasoning_gym)"
@@ -71,4 +74,5 @@ def reasoning_gym_reward(
     entry = {"question": question, "answer": answer, "metadata": metadata or {}}
     # a prompt that ends with an assistant turn was continued: the reply starts with its text
     prefix = messages[-1]["content"] if messages and messages[-1].get("role") == "assistant" else ""
-    return float(score(extract(completion, untagged, prefix), entry))
+    value = float(score(extract(completion, untagged, prefix), entry))
+    return (1.0 if value == 1.0 else 0.0) if full_credit_only else value

@@ -28,12 +28,12 @@ def test_tta_ratio_exact_bound_and_missing():
 
 
 def _arealite_records():
-    recs = [{"step": 0, "eval/score": 0.35, "timeperf/eval": 1.0}]
+    recs = [{"step": 0, "eval/right": 0.35, "timeperf/eval": 1.0}]
     for s in range(1, 21):
         r = {"step": s, "timeperf/step": 0.5, "timeperf/train_elapsed": 0.5 * s, "timeperf/rollout_wait": 0.1,
              "timeperf/logp": 0.0, "timeperf/update": 0.3, "timeperf/weight_sync": 0.05}
         if s % 10 == 0:
-            r["eval/score"] = 0.6 if s == 10 else 0.82
+            r["eval/right"] = 0.6 if s == 10 else 0.82
         recs.append(r)
     return recs
 
@@ -48,7 +48,7 @@ def test_summaries_of_both_sides():
                               "phases": {"generate": 0.8, "train": 1.2}}, target=0.8)
     assert trl["step_s"] == 2.0 and trl["tta_s"] is None and trl["best_acc"] == 0.7
     with pytest.raises(ValueError):
-        vs_trl_figures.arealite_summary([{"step": 0, "eval/score": 0.3}], target=0.8)
+        vs_trl_figures.arealite_summary([{"step": 0, "eval/right": 0.3}], target=0.8)
 
 
 def test_headlines_carry_the_targets_the_results_page_checks():
@@ -59,14 +59,14 @@ def test_headlines_carry_the_targets_the_results_page_checks():
     figs = {f.name: f for f in parse_figures("vs_trl", "\n".join(lines))}
     step = figs["arealite async / TRL seconds per step"]
     assert (step.value, step.met) == ("0.25x", True)  # 0.5 s vs 2.0 s
-    tta = figs["arealite async / TRL time to 0.80 held-out mean score"]
+    tta = figs["arealite async / TRL time to 0.80 held-out right"]
     assert (tta.value, tta.met) == ("0.50x", True)  # 10 s vs 20 s
     table = vs_trl_figures.table(runs, 0.8)
     assert "| TRL GRPOTrainer | 10 | 20.0 | 2.000 |" in table and "0.35 → 0.82 (0.82) | 10.0 |" in table
     assert vs_trl_figures.headlines({"async": runs["async"]}, 0.8) == []
     runs["trl"]["tta_s"] = None  # TRL never reached it: the ratio is a bound from its budget
     bound = {f.name: f for f in parse_figures("vs_trl", "\n".join(vs_trl_figures.headlines(runs, 0.8)))}
-    assert bound["arealite async / TRL time to 0.80 held-out mean score"].value == "0.50x"
+    assert bound["arealite async / TRL time to 0.80 held-out right"].value == "0.50x"
     assert any("upper bound" in line for line in vs_trl_figures.headlines(runs, 0.8))
 
 
@@ -98,17 +98,17 @@ def test_several_seeds_report_each_seed_and_the_means():
 
     def mean_line(runs):
         return next(x for x in vs_trl_figures.headlines(runs, 0.8)
-                    if x.startswith("arealite async / TRL time to 0.80 held-out mean score (mean"))
+                    if x.startswith("arealite async / TRL time to 0.80 held-out right (mean"))
 
     runs = {"trl-1t-s1": trl(2.0, 20.0), "async-s1": trl(1.0, 8.0),
             "trl-1t-s2": trl(2.0, 40.0), "async-s2": trl(1.0, 22.0)}
     lines = vs_trl_figures.headlines(runs, 0.8)
     figs = {f.name: f for f in parse_figures("vs_trl", "\n".join(lines))}
     # each seed's ratio (0.40x, 0.55x) is shown without a target; the means carry the targets
-    assert any(line.startswith("seed 1: arealite async / TRL time to 0.80 held-out mean score: 0.40x (no target)")
+    assert any(line.startswith("seed 1: arealite async / TRL time to 0.80 held-out right: 0.40x (no target)")
                for line in lines)
-    assert any(line.startswith("seed 2: arealite async / TRL time to 0.80 held-out mean score: 0.55x") for line in lines)
-    mean = figs["arealite async / TRL time to 0.80 held-out mean score (mean over seeds 1,2)"]
+    assert any(line.startswith("seed 2: arealite async / TRL time to 0.80 held-out right: 0.55x") for line in lines)
+    mean = figs["arealite async / TRL time to 0.80 held-out right (mean over seeds 1,2)"]
     assert (mean.value, mean.met) == ("0.50x", True)  # (8 + 22) / (20 + 40)
     assert figs["arealite async / TRL seconds per step (mean over seeds 1,2)"].value == "0.50x"
     runs["async-s2"] = trl(1.0, None)  # ours missed it in one seed: its whole 10 s counts, a lower bound
@@ -140,7 +140,7 @@ def test_the_evaluation_grid_bound_takes_trl_at_its_last_evaluation_below():
     lines = vs_trl_figures.headlines(runs, 0.8)
     seed1 = next(x for x in lines if x.startswith("seed 1: arealite async / TRL time to"))
     assert "0.38x (no target) [at most 0.75x with TRL at its last evaluation below the target]" in seed1
-    mean = next(x for x in lines if x.startswith("arealite async / TRL time to 0.80 held-out mean score (mean"))
+    mean = next(x for x in lines if x.startswith("arealite async / TRL time to 0.80 held-out right (mean"))
     # (30 + 40) / (80 + 120) = 0.35; with TRL at 40 and 80 s: 70 / 120 = 0.58
     assert mean.endswith("0.35x (target <= 0.5) [at most 0.58x with TRL at its last evaluation below the target]")
 
@@ -173,7 +173,7 @@ def test_the_best_trl_run_is_the_fastest_per_step_and_the_first_to_the_target():
     lines = vs_trl_figures.headlines(runs, 0.7)
     # seconds per step against the faster TRL (2.0 s), time to target against the one that got there
     assert lines[0].startswith("arealite async / TRL seconds per step: 0.25x") and "2 threads" in lines[0]
-    assert lines[1].startswith("arealite async / TRL time to 0.70 held-out mean score: 0.25x") and "1 thread]" in lines[1]
+    assert lines[1].startswith("arealite async / TRL time to 0.70 held-out right: 0.25x") and "1 thread]" in lines[1]
     assert vs_trl_figures.label("trl-2t") == "TRL GRPOTrainer, 2 threads" and "| TRL GRPOTrainer, 1 thread |" in vs_trl_figures.table(runs, 0.7)
 
 
@@ -236,7 +236,7 @@ def test_mean_curve_lines_bound_the_ratio_when_trl_never_holds_the_target():
             "trl-1t-s2": run([(0.0, 0.1), (40.0, 0.1), (80.0, 0.5)]),
             "async-s2": run([(0.0, 0.1), (40.0, 0.5), (80.0, 0.5)])}
     lines = vs_trl_figures.headlines(runs, 0.5)
-    mean = next(x for x in lines if x.startswith("arealite async / TRL time to 0.50 held-out mean score (mean"))
+    mean = next(x for x in lines if x.startswith("arealite async / TRL time to 0.50 held-out right (mean"))
     assert "0.50x (target <= 0.5)" in mean  # (20 + 40) / (40 + 80)
     line = next(x for x in lines if "on the mean curve over seeds 1,2" in x)
     # TRL's mean: 0.1, 0.3 at 40 s, 0.3 at 80 s (best 0.3 from 40 s on); arealite's mean: 0.1,

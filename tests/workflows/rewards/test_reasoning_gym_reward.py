@@ -65,3 +65,12 @@ def test_a_prefilled_reply_is_scored_from_the_prefix_on():
     assert reasoning_gym_reward("", f" {gold}", untagged="whole", **row) == 1.0  # ...unless whole
     partial = reasoning_gym_reward("", f"1 + 1 = {gold}", untagged="whole", **row)
     assert 0.0 < partial < 1.0  # the task's own partial credit
+
+
+def test_full_credit_only_pays_a_right_answer_and_nothing_for_a_near_one():
+    (row,) = build_rows([TaskSpec("chain_sum")], 1, seed=2, split="valid", answer_prefix="<answer>")
+    gold = row["answer"]
+    near = f"1 + 1 = {gold}"  # the task gives this partial credit (above)
+    assert 0.0 < reasoning_gym_reward("", near, untagged="whole", **row) < 1.0
+    assert reasoning_gym_reward("", near, untagged="whole", full_credit_only=True, **row) == 0.0
+    assert reasoning_gym_reward("", f"{gold}</answer>", full_credit_only=True, **row) == 1.0
