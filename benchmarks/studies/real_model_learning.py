@@ -26,6 +26,7 @@ import json
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +118,63 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def question_of(prompt: str) -> str:
+    """The last user turn of a rendered ChatML prompt (SmolLM2's template), else its tail."""
+    if "<|im_start|>user\n" in prompt:
+        return prompt.rsplit("<|im_start|>user\n", 1)[-1].split("<|im_end|>")[0].strip()
+    return prompt[-80:]
+
+
+def answer_changes(path: Path, shown: int = 4) -> dict[str, Any]:
+    """The model's answers at the first and the last evaluation of a run (its
+    ``heldout_completions.jsonl``), row by row, per task: right in both, gained, lost, wrong in
+    both; the most common answers at the end beside the gold's; and a few gained and lost rows
+    with both replies, so a rise is seen in the answers, not only in a number."""
+    recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    steps = sorted({r["step"] for r in recs})
+    first = {r["id"]: r for r in recs if r["step"] == steps[0]}
+    last = {r["id"]: r for r in recs if r["step"] == steps[-1]}
+    out: dict[str, Any] = {"steps": [steps[0], steps[-1]], "tasks": {}}
+    for task in sorted({r["task"] or "" for r in last.values()}):
+        ids = [i for i, r in last.items() if (r["task"] or "") == task and i in first]
+        kinds = {"right in both": [], "gained": [], "lost": [], "wrong in both": []}
+        for i in ids:
+            a, b = first[i]["right"], last[i]["right"]
+            kinds["right in both" if a and b else "gained" if b else "lost" if a
+                  else "wrong in both"].append(i)
+        answers = Counter(str(last[i]["answer"]) for i in ids).most_common(3)
+        gold = Counter(str(last[i]["gold"]) for i in ids).most_common(1)
+
+        def row(i: Any) -> dict[str, str]:
+            return {"question": question_of(last[i]["prompt"]), "gold": str(last[i]["gold"]),
+                    "first": first[i]["reply"], "last": last[i]["reply"]}
+
+        out["tasks"][task] = {
+            "n": len(ids), **{k: len(v) for k, v in kinds.items()},
+            "top_answers_at_end": [[a, round(c / len(ids), 3)] for a, c in answers],
+            "gold_top": [gold[0][0], round(gold[0][1] / len(ids), 3)] if gold else None,
+            "gained_examples": [row(i) for i in kinds["gained"][:shown]],
+            "lost_examples": [row(i) for i in kinds["lost"][:shown // 2]],
+        }
+    return out
+
+
+def answer_lines(seed: int, changes: dict[str, Any]) -> list[str]:
+    first, last = changes["steps"]
+    lines = []
+    for task, t in changes["tasks"].items():
+        tops = ", ".join(f"{a!r} {share:.2f}" for a, share in t["top_answers_at_end"])
+        lines.append(f"seed {seed}: {task or 'all'} step {first} -> {last}, {t['n']} rows: right in "
+                     f"both {t['right in both']}, gained {t['gained']}, lost {t['lost']}, wrong in "
+                     f"both {t['wrong in both']}; commonest answers at the end {tops} "
+                     f"(gold's commonest {t['gold_top'][0]!r} {t['gold_top'][1]:.2f})")
+        for kind in ("gained", "lost"):
+            for e in t[f"{kind}_examples"]:
+                lines.append(f"    {kind}: {e['question'][-60:]!r} gold {e['gold']!r}: "
+                             f"{e['first'][:24]!r} -> {e['last'][:24]!r}")
+    return lines
+
+
 def report(by_seed: dict[int, dict[str, Any]]) -> str:
     """The per-seed table and the headline line over seeds."""
     lines = []
@@ -129,6 +187,8 @@ def report(by_seed: dict[int, dict[str, Any]]) -> str:
         coll = ", ".join(f"{t or 'all'} {m:.2f} (gold {g:.2f})"
                          for t, (m, g) in s["majority_at_end"].items())
         lines.append(f"seed {seed}: majority-answer share at the end: {coll}")
+        if s.get("answers"):
+            lines += answer_lines(seed, s["answers"])
         lines.append(f"seed {seed}: best right {s['best']:.3f} at step {s['best_step']} "
                      f"({s['best_minutes']:.1f} min), rise {s['best_rise']:+.3f}; training reward "
                      f"first 10 steps {s['reward_first10']:.3f} -> "
@@ -185,6 +245,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             rows = read_metrics(run / "logs" / "metrics.jsonl")
             by_seed[seed] = summarize(rows)
+            kept = run / "logs" / "heldout_completions.jsonl"
+            if kept.is_file():
+                by_seed[seed]["answers"] = answer_changes(kept)
         except (OSError, ValueError) as e:
             print(f"real_model_learning: seed {seed}: {e}", file=sys.stderr)
             return 1

@@ -13,8 +13,9 @@ system prompt). Two ways to measure:
   (right and in the format the reward pays), ``format``, the mean score, the majority-answer
   share beside the gold's, and with ``--pass-k K`` the pass@K of right over K replies a row
   sampled at the job's temperature (the headroom RL can draw on). ``--shots N`` puts N solved
-  train problems of the task before each question, as earlier turns whose answers are in the
-  required format (``<answer>N</answer>``), so format is shown rather than learned.
+  problems of the task before each question, as earlier turns whose answers are in the
+  required format (``<answer>N</answer>``), each row its own N (``build_rows``' few-shot prompt,
+  the real-model job's), so format is shown rather than learned.
 
 Prints one line per task and writes ``benchmarks/results/rg_task_sweep/<label>.json``.
 

@@ -66,6 +66,7 @@ from benchmarks.harness.paths import ROOT, results_dir
 from benchmarks.harness.run_context import LoadWatch
 from benchmarks.studies.vs_trl_arms import load_arm, save_arm
 from benchmarks.studies.vs_trl_figures import (
+    MEASURE,
     arealite_summary,
     finish,
     headlines,
@@ -282,7 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     command = " ".join(["python -m benchmarks.studies.vs_trl", *(sys.argv[1:] if argv is None else argv)])
     (RESULTS / f"{stem}.json").write_text(json.dumps(
         # dated when its last arm finished (a run in parts reports long after its first arms)
-        {"command": command.strip(), "date": max(r["date"] for r in arm_records.values()), "args": vars(a), "runs": runs,
+        {"command": command.strip(), "date": max(r["date"] for r in arm_records.values()), "args": vars(a),
+         "measure": MEASURE, "runs": runs,
          "arms": arm_records,
          "table": table(runs, a.target), "headlines": headlines(runs, a.target)}, indent=1))
     plot(runs, a.target, RESULTS / f"{stem}.png")

@@ -73,3 +73,28 @@ def test_every_seed_runs_the_same_protocol_but_its_own_seed():
     assert [x for x in one if "seed" not in x and "trial" not in x] == \
            [x for x in two if "seed" not in x and "trial" not in x]
     assert {"seed=2", "servers.random_seed=2", "trial_name=learn2"} <= set(two)
+
+
+def test_answer_changes_sort_each_row_and_show_the_replies(tmp_path):
+    from benchmarks.studies.real_model_learning import answer_changes, answer_lines
+
+    def rec(step, i, right, reply, answer):
+        prompt = f"<|im_start|>user\nq{i} =<|im_end|>\n<|im_start|>assistant\n<answer>"
+        return {"step": step, "id": i, "task": "chain_sum", "prompt": prompt, "reply": reply,
+                "gold": str(i), "answer": answer, "right": right}
+
+    first = [rec(0, 0, True, "0</answer>", "0"), rec(0, 1, False, "7</answer>", "7"),
+             rec(0, 2, True, "2</answer>", "2"), rec(0, 3, False, "9</answer>", "9")]
+    last = [rec(30, 0, True, "0</answer>", "0"), rec(30, 1, True, "1</answer>", "1"),
+            rec(30, 2, False, "1</answer>", "1"), rec(30, 3, False, "1</answer>", "1")]
+    path = tmp_path / "heldout_completions.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in first + last))
+    c = answer_changes(path)
+    t = c["tasks"]["chain_sum"]
+    assert c["steps"] == [0, 30] and t["n"] == 4
+    assert (t["right in both"], t["gained"], t["lost"], t["wrong in both"]) == (1, 1, 1, 1)
+    assert t["top_answers_at_end"][0] == ["1", 0.75] and t["gold_top"][1] == 0.25
+    assert t["gained_examples"] == [{"question": "q1 =", "gold": "1", "first": "7</answer>",
+                                     "last": "1</answer>"}]
+    text = "\n".join(answer_lines(1, c))
+    assert "gained 1, lost 1" in text and "'7</answer>' -> '1</answer>'" in text
