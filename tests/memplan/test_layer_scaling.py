@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from arealite.api.config.actor import PPOActorConfig
+from arealite.api.config.actor import MixedPrecisionConfig, PPOActorConfig
 from arealite.memplan.layer_scaling import scalable, with_layers
 from arealite.memplan.trainer_memory import predict_trainer
 
@@ -13,17 +13,24 @@ from arealite.memplan.trainer_memory import predict_trainer
 SHAPE = dict(model_type="qwen2", vocab_size=32000, hidden_size=64, intermediate_size=128,
              num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
              max_position_embeddings=8192, tie_word_embeddings=True)
+MOE = dict(SHAPE, model_type="qwen3_moe", vocab_size=4096, head_dim=16,
+           moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2,
+           tie_word_embeddings=False, mlp_only_layers=[], decoder_sparse_step=1)
+BF16 = MixedPrecisionConfig(param_dtype="bfloat16", reduce_dtype="float32")
 
 
-@pytest.mark.parametrize("world,knobs", [
-    (1, {}),  # no FSDP: activations grow layer by layer, the peak at the head
-    (2, dict(gradient_checkpointing=True, logprob_head="fused")),  # FSDP2's per-layer gathers
+@pytest.mark.parametrize("shape,world,knobs", [
+    (SHAPE, 1, {}),  # no FSDP: activations grow layer by layer, the peak at the head
+    (SHAPE, 2, dict(gradient_checkpointing=True, logprob_head="fused")),  # per-layer gathers
+    # the table's recipe on a mixture of experts: bf16 compute over fp32 weights, cp 2
+    (MOE, 2, dict(gradient_checkpointing=True, logprob_head="fused", dtype="float32",
+                  mixed_precision=BF16, context_parallel_size=2)),
 ])
-def test_scaled_plan_equals_the_full_trace(world, knobs):
+def test_scaled_plan_equals_the_full_trace(shape, world, knobs):
     cfg = PPOActorConfig(path="unused", max_tokens_per_mb=1680, attn_impl="segments",
                          shared_prompt_packing=False, **knobs)
-    full = predict_trainer(cfg, SHAPE, world, scale_layers=False)
-    scaled = predict_trainer(cfg, SHAPE, world)
+    full = predict_trainer(cfg, shape, world, scale_layers=False)
+    scaled = predict_trainer(cfg, shape, world)
     assert any("scaled to 6" in n for n in scaled.notes)
     assert not any("scaled" in n for n in full.notes)
     assert scaled.peak == full.peak
