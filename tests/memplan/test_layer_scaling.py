@@ -25,7 +25,7 @@ BF16 = MixedPrecisionConfig(param_dtype="bfloat16", reduce_dtype="float32")
     # the table's recipe on a mixture of experts: bf16 compute over fp32 weights, cp 2
     (MOE, 2, dict(gradient_checkpointing=True, logprob_head="fused", dtype="float32",
                   mixed_precision=BF16, context_parallel_size=2)),
-])
+], ids=["one-rank", "fsdp2-checkpointing-fused", "moe-bf16-cp2"])
 def test_scaled_plan_equals_the_full_trace(shape, world, knobs):
     cfg = PPOActorConfig(path="unused", max_tokens_per_mb=1680, attn_impl="segments",
                          shared_prompt_packing=False, **knobs)
