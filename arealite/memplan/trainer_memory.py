@@ -43,7 +43,15 @@ from arealite.api.config.actor import PPOActorConfig, TrainEngineConfig
 from arealite.engine.fsdp_engine import FSDPEngine
 from arealite.engine.functional import gather_logprobs
 from arealite.engine.ppo.loss import actor_loss
-from arealite.memplan.model_shapes import write_config_dir
+from arealite.memplan.layer_scaling import (
+    SHALLOW,
+    Segment,
+    SegmentRecorder,
+    scalable,
+    scale_segments,
+    with_layers,
+)
+from arealite.memplan.model_shapes import text_config, write_config_dir
 from arealite.memplan.planning_batch import batch_tensors, planned_micro_batches
 from arealite.observe.stats_tracker import StatsTracker
 from arealite.utils.fsdp import clip_grads_
@@ -218,12 +226,14 @@ def _label_logprob_loss(logits: Any, p: dict) -> torch.Tensor:
 
 
 def predict_trainer(engine_config: TrainEngineConfig, hf_config: dict[str, Any], world_size: int,
-                    tokens: int | None = None, micro_batches: int = 2) -> TrainerMemory:
+                    tokens: int | None = None, micro_batches: int = 2,
+                    scale_layers: bool = True) -> TrainerMemory:
     """Per-rank peak of one update of micro-batches of ``tokens`` tokens (default: the
     config's ``max_tokens_per_mb``, one sequence each: the largest it allows) on
-    ``world_size`` ranks. Needs a process without a process group; leaves none behind."""
-    from arealite.memplan.live_bytes import LiveBytes, model_tensors
-
+    ``world_size`` ranks. A model of identical decoder layers is traced at two shallow depths
+    and scaled to its own (``layer_scaling``: exact, seconds whatever the depth);
+    ``scale_layers=False`` traces every layer. Needs a process without a process group;
+    leaves none behind."""
     t0 = time.perf_counter()
     tokens = int(tokens or engine_config.max_tokens_per_mb)
     if engine_config.attn_impl in ("sdpa", "eager") and tokens * tokens > DENSE_MASK_LIMIT:
@@ -231,8 +241,42 @@ def predict_trainer(engine_config: TrainEngineConfig, hf_config: dict[str, Any],
         raise ValueError(f"attn_impl={engine_config.attn_impl} at {tokens} tokens builds a "
                          f"dense [T, T] mask ({tokens * tokens / 2**30:.1f} GiB) in the "
                          "planner's host memory: plan segments or flash_attention_2")
-    vocab = int(hf_config.get("vocab_size") or hf_config.get("text_config", {})["vocab_size"])
     notes = []
+    if scale_layers and scalable(hf_config):
+        n1, n2 = SHALLOW
+        depth = int(text_config(hf_config)["num_hidden_layers"])
+        seg1 = _trace(engine_config, with_layers(hf_config, n1), world_size, tokens,
+                      micro_batches)[1]
+        seg2 = _trace(engine_config, with_layers(hf_config, n2), world_size, tokens,
+                      micro_batches)[1]
+        snap = scale_segments(seg1, seg2, n1, n2, depth)
+        notes.append(f"traced at {n1} and {n2} decoder layers, scaled to {depth}")
+    else:
+        snap = _trace(engine_config, hf_config, world_size, tokens, micro_batches)[0]
+    raw = dict(snap)
+    total = raw.pop("Total")
+    head_bytes = raw.pop("vocab", 0)
+    if engine_config.cpu_offload:
+        total -= sum(raw.get(k, 0) for k in _OFFLOADED)
+        for k in _OFFLOADED:
+            raw[k] = 0
+        notes.append("cpu_offload: sharded parameters, gradients and optimizer state in "
+                     "host memory")
+    breakdown = dict.fromkeys(CATEGORIES, 0)
+    for k, v in raw.items():
+        breakdown[_FROM_TRACKER.get(k, "temporaries")] += v
+    return TrainerMemory(total, breakdown, tokens, world_size,
+                         engine_config.context_parallel_size, time.perf_counter() - t0,
+                         head_bytes, notes)
+
+
+def _trace(engine_config: TrainEngineConfig, hf_config: dict[str, Any], world_size: int,
+           tokens: int, micro_batches: int) -> tuple[dict[str, int], list[Segment]]:
+    """One update under fake tensors: the breakdown at its peak (with "Total" and "vocab":
+    the bytes of tensors with a vocabulary dimension then) and its segments."""
+    from arealite.memplan.live_bytes import LiveBytes, model_tensors
+
+    vocab = int(text_config(hf_config)["vocab_size"])
     with tempfile.TemporaryDirectory(prefix="memplan-") as tmp, fake_world(world_size):
         # flash-attn (CUDA only) is planned as one causal segment without its layout
         varlen = engine_config.attn_impl == "flash_attention_2"
@@ -260,22 +304,9 @@ def predict_trainer(engine_config: TrainEngineConfig, hf_config: dict[str, Any],
                 tracker.track_external(*inputs)
             head = LiveBytes(vocab_dim=vocab)
             head.add_existing(model_tensors(engine.model, engine.optimizer))
+            recorder = SegmentRecorder(tracker, engine.model, head)
             with tracker, head, RealWhereReal():
                 _update(engine, packed, loss_fn, tracker)
-        snap = tracker.get_tracker_snapshot("peak")
-        dev = next(iter(snap.values()))
-        raw = {str(getattr(k, "value", k)): int(v) for k, v in dev.items()}
-        total = raw.pop("Total")
-        if cfg.cpu_offload:
-            total -= sum(raw.get(k, 0) for k in _OFFLOADED)
-            for k in _OFFLOADED:
-                raw[k] = 0
-            notes.append("cpu_offload: sharded parameters, gradients and optimizer state in "
-                         "host memory")
-        breakdown = dict.fromkeys(CATEGORIES, 0)
-        for k, v in raw.items():
-            breakdown[_FROM_TRACKER.get(k, "temporaries")] += v
-        cp = cfg.context_parallel_size
         engine.destroy()
-    return TrainerMemory(total, breakdown, tokens, world_size, cp,
-                         time.perf_counter() - t0, head.vocab_bytes_at_peak, notes)
+    peak = max(recorder.segments, key=lambda s: s.peak)  # the first of the largest
+    return dict(peak.snapshot), recorder.segments

@@ -218,7 +218,8 @@ def run_paper() -> list[dict[str, Any]]:
     return rows
 
 
-def run_cpu(tokens: int, models: list[str] | None, partial: Path | None = None
+def run_cpu(tokens: int, models: list[str] | None, partial: Path | None = None,
+            worlds: list[int] | None = None, cps: list[int] | None = None
             ) -> list[dict[str, Any]]:
     """Every CPU point (of ``models``); each row also appended to ``partial`` as it
     finishes (a run cut short keeps its rows)."""
@@ -226,7 +227,8 @@ def run_cpu(tokens: int, models: list[str] | None, partial: Path | None = None
     print(f"{'model':<13} {'ranks':>5} {'cp':>3} {'head':<6} {'gc':<3} {'tokens':>6} "
           f"{'predicted MiB':>14} {'measured MiB':>13} {'pred/meas':>10}", flush=True)
     for pt in cpu_points(tokens):
-        if models and pt["model"] not in models:
+        if (models and pt["model"] not in models) or (worlds and pt["world"] not in worlds) \
+                or (cps and pt["cp"] not in cps):
             continue
         t0 = time.time()
         pred = in_subprocess("predict", pt)
@@ -250,6 +252,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=1680,
                     help="tokens of each micro-batch (one sequence); >= 840")
     ap.add_argument("--models", nargs="*", default=None)
+    ap.add_argument("--worlds", nargs="*", type=int, default=None, help="only these rank counts")
+    ap.add_argument("--cps", nargs="*", type=int, default=None,
+                    help="only these context-parallel sizes")
     ap.add_argument("--paper", action="store_true", help="the prime-rl comparison only")
     ap.add_argument("--measure-rank", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--model-dir", default=None, help=argparse.SUPPRESS)
@@ -265,10 +270,12 @@ def main(argv: list[str] | None = None) -> int:
         rows = run_paper()
         (out / "paper_prime_rl.json").write_text(json.dumps(rows, indent=1) + "\n")
         return 0
-    name = "cpu_validation.json" if not a.models else f"cpu_validation_{'_'.join(a.models)}.json"
+    parts = [*(a.models or []), *(f"ranks{w}" for w in a.worlds or []),
+             *(f"cp{c}" for c in a.cps or [])]
+    name = f"cpu_validation_{'_'.join(parts)}.json" if parts else "cpu_validation.json"
     partial = out / (name + "l")
     partial.unlink(missing_ok=True)
-    rows = run_cpu(a.tokens, a.models, partial)
+    rows = run_cpu(a.tokens, a.models, partial, a.worlds, a.cps)
     partial.unlink()
     (out / name).write_text(json.dumps(rows, indent=1) + "\n")
     worst = max(abs(r["ratio"] - 1) for r in rows) if rows else 0.0
