@@ -71,6 +71,7 @@ class TinkerService:
         self.models: dict[str, ModelEntry] = {}
         self.samplers: dict[str, SamplingSession] = {}
         self._clones = itertools.count(1)
+        self._creating: dict[str, bool] = {}  # model id -> full-weight, while being built
         self.trainer = ThreadPoolExecutor(1, thread_name_prefix="tinker-trainer")
         keys = ClientKeys.from_config(config.rollout.api_key, config.rollout.admin_api_key)
         self.sampler = PoolSampler(list(config.rollout.server_addrs), keys.api_headers,
@@ -132,14 +133,33 @@ class TinkerService:
         if session_id not in self.sessions:
             raise UserError(f"unknown session_id {session_id!r}")
         model_id = f"m-{uuid.uuid4().hex[:12]}"
+        self._check_servers_shared(lora is None)
+        self._creating[model_id] = lora is None  # counted by the check until built
         try:
             entry = await self.on_trainer(self._build_model, model_id, session_id, lora)
         except (ValueError, TypeError) as e:
             raise UserError(str(e)) from None
+        finally:
+            del self._creating[model_id]
         self.models[model_id] = entry
         logger.info("model %s: %s", model_id,
                     f"LoRA rank {entry.lora_rank}" if entry.lora_rank else "every weight")
         return Outcome(json={"model_id": model_id, "type": "create_model"})
+
+    def _check_servers_shared(self, full: bool) -> None:
+        """A full-weight model's pushes replace the weights the servers hold, under every LoRA
+        adapter and every base-model sampling client: it trains alone on its service."""
+        fulls = [m for m, e in self.models.items() if e.lora_rank is None]
+        fulls += [m for m, f in self._creating.items() if f]
+        others = len(self.models) + len(self._creating) - len(fulls)
+        if fulls:
+            raise UserError(f"full-weight model {fulls[0]} trains on this service's servers; "
+                            "it must be the only training client here (start another service "
+                            "over other servers)")
+        if full and others:
+            raise UserError(f"a full-weight training client replaces the servers' weights, and "
+                            f"{others} LoRA training client(s) use them; create it on a service "
+                            "of its own")
 
     def info(self, model_id: str) -> dict[str, Any]:
         e = self.entry(model_id)
@@ -276,6 +296,11 @@ class TinkerService:
             raise UserError("empty prompt")
         if n < 1:
             raise UserError("num_samples must be >= 1")
+        pushed = [e for e in self.models.values() if e.lora_rank is None and e.version > 0]
+        if sess.model_id is None and pushed:
+            raise UserError(f"the servers hold full-weight model {pushed[0].model_id}'s version "
+                            f"{pushed[0].version}, not the base model: sample from a sampling "
+                            "client of that model")
         try:
             seqs, plp = await self.sampler.sample(sess, prompt, n, params, prompt_logprobs)
         except ValueError as e:

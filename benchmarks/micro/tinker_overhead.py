@@ -33,10 +33,11 @@ from pathlib import Path
 KEY = "tml-benchmark"
 
 
-def _start_service(model: str, addr: str, root: str, port: int,
+def start_service(model: str, addr: str, root: str, port: int,
                    checkout: str | None = None) -> subprocess.Popen:
-    """``arealite tinker-server`` on ``port``; from ``checkout``'s code when given (it runs
-    there, with that tree first on PYTHONPATH)."""
+    """``arealite tinker-server`` on ``port`` over the server at ``addr``, in its own process
+    group (the caller kills it); from ``checkout``'s code when given (it runs there, with that
+    tree first on PYTHONPATH)."""
     Path(root).mkdir(parents=True, exist_ok=True)
     log_path = Path(root) / "tinker.log"
     log = open(log_path, "w")  # noqa: SIM115 - lives as long as the process
@@ -50,7 +51,7 @@ def _start_service(model: str, addr: str, root: str, port: int,
         env["PYTHONPATH"] = os.pathsep.join([cwd, env.get("PYTHONPATH", "")])
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd,
                             start_new_session=True)
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + 600  # generous: start-up imports torch on a busy machine
     while time.monotonic() < deadline and proc.poll() is None:
         if "tinker service at" in log_path.read_text():
             return proc
@@ -103,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             clients = []
             for n, checkout in enumerate([None, args.compare_with][:len(labels)]):
                 port = find_free_port()
-                procs.append(_start_service(model, server.addr, f"{tmp}/svc{n}", port, checkout))
+                procs.append(start_service(model, server.addr, f"{tmp}/svc{n}", port, checkout))
                 sc = tinker.ServiceClient(base_url=f"http://127.0.0.1:{port}", api_key=KEY)
                 clients.append(sc.create_lora_training_client(base_model=model,
                                                               rank=args.rank).result())
