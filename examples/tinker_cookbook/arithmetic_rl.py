@@ -58,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", required=True, help="local HF model directory")
     p.add_argument("--out", required=True, help="logs, the service's files, the recipe's log")
     p.add_argument("--rank", type=int, default=8, help="LoRA rank (the recipe's lora_rank)")
+    p.add_argument("--service", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="overrides of configs/tinker/tiny.yaml for the service, e.g. "
+                   "model.max_tokens_per_mb=1024 (smaller micro-batches, less memory)")
     args = p.parse_args(ours)
 
     from arealite.utils.network import LOOPBACK, find_free_port, wait_http_ok
@@ -86,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         service = start([sys.executable, "-m", "arealite.cli.main", "tinker-server",
                          "configs/tinker/tiny.yaml", f"model.path={args.model}",
                          f"rollout.server_addrs=[{LOOPBACK}:{sport}]",
-                         f"fileroot={out / 'service'}", f"port={tport}", f"api_key={KEY}"],
+                         f"fileroot={out / 'service'}", f"port={tport}", f"api_key={KEY}",
+                         *args.service],
                         out / "service.log")
         _wait_for(out / "service.log", "tinker service at", service, 600)
         log_path = out / "recipe"

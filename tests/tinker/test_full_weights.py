@@ -55,7 +55,7 @@ def _datum(ids: list[int]) -> types.Datum:
 
 def test_full_weight_training_pushes_and_pins(client, tiny_model_dir):
     name = str(tiny_model_dir)
-    base = client.create_sampling_client(base_model=name)
+    base = client.create_sampling_client(base_model=name).result()
     probe = types.ModelInput.from_ints([7, 8, 9, 10, 11, 12, 13])
     base_lp = base.compute_logprobs(probe).result()
 
