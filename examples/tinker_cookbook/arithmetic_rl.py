@@ -32,11 +32,11 @@ SHOWN = ("env/all/reward/total", "env/all/correct", "env/all/format")
 def reward_table(metrics: Path) -> list[str]:
     """One line per training step of the recipe's ``metrics.jsonl``: its mean reward and the
     correct-answer and format rates its environment logs."""
-    lines = ["step  " + "  ".join(f"{k:>20s}" for k in SHOWN)]
+    lines = ["batch  " + "  ".join(f"{k:>20s}" for k in SHOWN)]
     for row in map(json.loads, metrics.read_text().splitlines()):
         if "env/all/reward/total" not in row:
             continue
-        lines.append(f"{row.get('step', '?'):>4}  " + "  ".join(
+        lines.append(f"{row.get('progress/batch', '?'):>5}  " + "  ".join(
             f"{row[k]:20.4f}" if k in row else f"{'-':>20s}" for k in SHOWN))
     return lines
 
