@@ -14,7 +14,7 @@ import asyncio
 import collections
 import logging
 import uuid
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +33,10 @@ class Outcome:
     category: str = "server"
 
 
+async def _raise(e: Exception) -> Outcome:
+    raise e
+
+
 class Futures:
     """Request id -> the task computing it, then its outcome."""
 
@@ -41,8 +45,15 @@ class Futures:
         self._done: collections.OrderedDict[str, Outcome] = collections.OrderedDict()
         self._keep = keep_done
 
-    def submit(self, work: Awaitable[Outcome], kind: str) -> str:
+    def submit(self, kind: str, start: Callable[..., Awaitable[Outcome]], *args: Any) -> str:
+        """A new request id for ``start(*args)``. ``start`` runs here, before the HTTP answer:
+        it can queue its work at once (the trainer's arrival order) and check its input; an
+        error it raises is the request's outcome, as one its awaitable raises is."""
         rid = f"{kind}-{uuid.uuid4().hex}"
+        try:
+            work = start(*args)
+        except Exception as e:  # noqa: BLE001 - becomes the outcome, as in _run
+            work = _raise(e)
         task = asyncio.ensure_future(self._run(rid, work))
         self._tasks[rid] = task
         return rid

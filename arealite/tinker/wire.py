@@ -7,6 +7,7 @@ the SDK's own, so the two sides cannot drift; this module only maps them to and 
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -104,7 +105,9 @@ def _batched(arrays: list[np.ndarray], dtype: int) -> pb.BatchedTensor:
     bt = pb.BatchedTensor()
     bt.dtype = dtype
     bt.data = b"".join(a.tobytes() for a in arrays)
-    bt.offsets = np.cumsum([0] + [a.nbytes for a in arrays], dtype=np.int64).tobytes()
+    # a Python running sum: np.cumsum on a list of 8 showed up in a py-spy profile
+    bt.offsets = np.array(list(itertools.accumulate((a.nbytes for a in arrays), initial=0)),
+                          dtype=np.int64).tobytes()
     return bt
 
 

@@ -10,8 +10,13 @@ service adds: the SDK (request building, protobuf encoding, its event-loop threa
 ways, the future and its long-poll, decoding and encoding on the server.
 
     python -m benchmarks.micro.tinker_overhead [--quick] [--calls N] [--rows R] [--tokens T]
+        [--compare-with CHECKOUT]
 
-Needs the ``tinker`` SDK (docs/tinker.md). Prints the median of each path and their ratio.
+``--compare-with`` also starts the service from another checkout of arealite (e.g. the main
+branch, to compare a change with its base), on the same embedded server, and alternates all
+three paths in one run, so both ratios are measured under the same machine load.
+
+Needs the ``tinker`` SDK (docs/tinker.md). Prints the median of each path and their ratios.
 """
 
 from __future__ import annotations
@@ -28,22 +33,31 @@ from pathlib import Path
 KEY = "tml-benchmark"
 
 
-def _start_service(model: str, addr: str, root: str, port: int) -> subprocess.Popen:
-    log = open(Path(root) / "tinker.log", "w")  # noqa: SIM115 - lives as long as the process
+def start_service(model: str, addr: str, root: str, port: int,
+                   checkout: str | None = None) -> subprocess.Popen:
+    """``arealite tinker-server`` on ``port`` over the server at ``addr``, in its own process
+    group (the caller kills it); from ``checkout``'s code when given (it runs there, with that
+    tree first on PYTHONPATH)."""
+    Path(root).mkdir(parents=True, exist_ok=True)
+    log_path = Path(root) / "tinker.log"
+    log = open(log_path, "w")  # noqa: SIM115 - lives as long as the process
     cmd = [sys.executable, "-m", "arealite.cli.main", "tinker-server", "configs/tinker/tiny.yaml",
            f"model.path={model}", f"rollout.server_addrs=[{addr}]", f"fileroot={root}",
            f"port={port}", f"api_key={KEY}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TINKER_TELEMETRY": "0"}
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+    cwd = None
+    if checkout is not None:
+        cwd = str(Path(checkout).resolve())
+        env["PYTHONPATH"] = os.pathsep.join([cwd, env.get("PYTHONPATH", "")])
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd,
                             start_new_session=True)
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + 600  # generous: start-up imports torch on a busy machine
     while time.monotonic() < deadline and proc.poll() is None:
-        if "tinker service at" in (Path(root) / "tinker.log").read_text():
+        if "tinker service at" in log_path.read_text():
             return proc
         time.sleep(0.25)
     os.killpg(proc.pid, 9)
-    raise RuntimeError("the tinker service did not start:\n"
-                       + (Path(root) / "tinker.log").read_text()[-3000:])
+    raise RuntimeError("the tinker service did not start:\n" + log_path.read_text()[-3000:])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", type=int, default=8, help="datums per forward_backward")
     p.add_argument("--tokens", type=int, default=64, help="tokens per datum")
     p.add_argument("--rank", type=int, default=8, help="LoRA rank")
+    p.add_argument("--compare-with", metavar="CHECKOUT", default=None,
+                   help="also time the service of another arealite checkout (e.g. /work/main)")
     args = p.parse_args(argv)
     calls = 8 if args.quick else args.calls
 
@@ -81,32 +97,42 @@ def main(argv: list[str] | None = None) -> int:
                                           lora=LoRAConfig(rank=args.rank, alpha=2.0 * args.rank)),
                         "cpu", "gloo", seed=1)
 
+    labels = ["this checkout"] + ([args.compare_with] if args.compare_with else [])
+    procs: list[subprocess.Popen] = []
     with Server(model, "--enable-lora", "--max-lora-rank", str(args.rank)) as server:
-        port = find_free_port()
-        proc = _start_service(model, server.addr, tmp, port)
         try:
-            client = tinker.ServiceClient(base_url=f"http://127.0.0.1:{port}", api_key=KEY)
-            tc = client.create_lora_training_client(base_model=model, rank=args.rank).result()
-            service_s, local_s = [], []
+            clients = []
+            for n, checkout in enumerate([None, args.compare_with][:len(labels)]):
+                port = find_free_port()
+                procs.append(start_service(model, server.addr, f"{tmp}/svc{n}", port, checkout))
+                sc = tinker.ServiceClient(base_url=f"http://127.0.0.1:{port}", api_key=KEY)
+                clients.append(sc.create_lora_training_client(base_model=model,
+                                                              rank=args.rank).result())
+            service_s: list[list[float]] = [[] for _ in clients]
+            local_s: list[float] = []
             for i in range(calls + 2):  # the first two of each are warm-up
+                for tc, times in zip(clients, service_s):
+                    t0 = time.perf_counter()
+                    tc.forward_backward(sdk_batch, "cross_entropy").result()
+                    if i >= 2:
+                        times.append(time.perf_counter() - t0)
                 t0 = time.perf_counter()
-                tc.forward_backward(sdk_batch, "cross_entropy").result()
-                t1 = time.perf_counter()
                 local.forward_backward(local_batch, "cross_entropy", None, False)
-                t2 = time.perf_counter()
                 if i >= 2:
-                    service_s.append(t1 - t0)
-                    local_s.append(t2 - t1)
+                    local_s.append(time.perf_counter() - t0)
         finally:
-            os.killpg(proc.pid, 15)
-            proc.wait(timeout=30)
-    svc, loc = statistics.median(service_s), statistics.median(local_s)
+            for proc in procs:
+                os.killpg(proc.pid, 15)
+                proc.wait(timeout=30)
+    loc = statistics.median(local_s)
     print(f"forward_backward, cross_entropy, {args.rows} datums x {args.tokens} tokens, "
           f"tiny model, LoRA rank {args.rank}, {calls} calls each (medians)")
     print(f"  in-process TinkerModel.forward_backward   {loc * 1e3:8.1f} ms")
-    print(f"  through the service (tinker SDK, HTTP)    {svc * 1e3:8.1f} ms")
-    print(f"  ratio service / in-process                {svc / loc:8.2f}x "
-          f"(overhead {1e3 * (svc - loc):.1f} ms per call)")
+    for label, times in zip(labels, service_s):
+        svc = statistics.median(times)
+        print(f"  service of {label}, tinker SDK over HTTP")
+        print(f"      {svc * 1e3:8.1f} ms   ratio service / in-process {svc / loc:5.2f}x "
+              f"(overhead {1e3 * (svc - loc):.1f} ms per call)")
     return 0
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from arealite.utils.network import LOOPBACK, find_free_port
 from tests.support.procs import embedded_server, log_tail, spawn
+from tests.support.tinker_sdk import full_weight_client
 
 tinker = pytest.importorskip("tinker")
 from tinker import types  # noqa: E402
@@ -177,3 +178,10 @@ def test_errors_in_the_sdks_shapes(service, client, model_name):
     # the bad request cost nothing: the same client still trains
     out = tc.forward_backward([_datum([4, 5, 6])], "cross_entropy").result()
     assert np.isfinite(out.metrics["loss:sum"])
+
+
+def test_full_weight_model_is_refused_beside_lora_clients(client, model_name):
+    """A full-weight model would replace the weights under the LoRA clients' adapters."""
+    client.create_lora_training_client(base_model=model_name, rank=2).result()
+    with pytest.raises(tinker.RequestFailedError, match="service of its own"):
+        full_weight_client(client, model_name)
