@@ -20,7 +20,7 @@ from arealite.api.config.rollout import GenerationHyperparameters, InferenceEngi
 from arealite.rollout.remote_engine import RemoteInferenceEngine
 
 pytest.importorskip("verifiers.v1")
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]  # a minute or more: 9 episodes
 
 ROOT = Path(__file__).resolve().parents[3]
 ENVS = str(ROOT / "examples" / "verifiers_envs")
