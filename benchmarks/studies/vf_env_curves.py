@@ -13,7 +13,7 @@ the agent job's (``tools``: ``{fileroot}/agent_assets``, its SFT stopped at a te
 held-out accuracy of 0.8 per turn, as tests/demo/test_agent_job.py does), reused when present.
 
 Prints, per environment, the mean sampled reward (temperature 1.0) of every step, then the mean
-of the first and the last third of the steps, episodes that failed, and the largest gap between
+of the first and the last third of the steps, rows (groups of episodes) that failed, and the largest gap between
 the servers' and the trainer's log-probs of the trained tokens (the token-exact check). The
 reward is ``correct`` of each environment: right answers for ``single`` and ``tools`` (a
 sampled accuracy), partial credit over two questions for ``multi``.
@@ -93,11 +93,11 @@ def report(env: str, steps: list[dict]) -> None:
     third = max(1, len(steps) // 3)
     early = sum(r["reward"] for r in steps[:third]) / third
     late = sum(r["reward"] for r in steps[-third:]) / third
-    failed = sum(r.get("rollout/failed", 0) for r in steps)
+    failed = max(r.get("rollout/failed", 0) for r in steps)  # the executor's running count
     agree = [r["logprob_agreement/max_abs_diff"] for r in steps
              if "logprob_agreement/max_abs_diff" in r]
     print(f"{env}: mean reward, steps 1-{third}: {early:.3f}; last {third}: {late:.3f} "
-          f"(change {late - early:+.3f}); failed episodes {failed:.0f}; "
+          f"(change {late - early:+.3f}); rows failed {failed:.0f}; "
           f"max |server - trainer| logprob {max(agree) if agree else float('nan'):.2e}")
 
 

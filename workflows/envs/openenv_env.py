@@ -200,3 +200,28 @@ class OpenEnvWorkflow(AgentWorkflow):
         if self.server is not None:
             await asyncio.to_thread(self.server.stop)
             self.server = None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m workflows.envs.openenv_env rows N OUT``: a training JSONL of ``N`` rows, row
+    ``k`` resetting the environment with ``index=k`` (exit 2 on bad input)."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m workflows.envs.openenv_env")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("rows", help="write N rows that reset with index=0..N-1")
+    r.add_argument("n", type=int)
+    r.add_argument("out")
+    args = p.parse_args(argv)
+    if args.n < 1:
+        print("error: N must be >= 1", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("".join(json.dumps({"reset": {"index": k}}) + "\n" for k in range(args.n)))
+    print(f"wrote {args.n} rows to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

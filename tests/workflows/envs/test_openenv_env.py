@@ -5,7 +5,7 @@ are the server's own greedy tokens with their log-probs and version, and the ret
 what OpenEnv's own client gets from the environment for the same replies.
 
 OpenEnv (``openenv`` 0.10 with ``fastmcp`` 3, which needs ``mcp<2``) is not in the suite's venv
-(verifiers needs ``mcp`` 2): these tests skip unless it is importable (docs/environments.md)."""
+(verifiers needs ``mcp`` 2): the tests that run it skip unless it is importable (docs/environments.md)."""
 
 from __future__ import annotations
 
@@ -20,9 +20,8 @@ import requests
 from arealite.api.config.rollout import GenerationHyperparameters, InferenceEngineConfig
 from arealite.rollout.remote_engine import RemoteInferenceEngine
 
-pytest.importorskip("openenv.core", reason="OpenEnv (openenv 0.10, fastmcp 3, mcp<2) is not "
-                    "installed: it needs an environment of its own (docs/environments.md)")
-pytestmark = pytest.mark.integration
+NO_OPENENV = ("OpenEnv (openenv 0.10, fastmcp 3, mcp<2) is not installed: it needs an "
+              "environment of its own (docs/environments.md)")
 
 ROOT = Path(__file__).resolve().parents[3]
 GREEDY = GenerationHyperparameters(max_new_tokens=12, greedy=True, temperature=0.0)
@@ -31,7 +30,12 @@ N_TASKS = 6
 
 
 @pytest.fixture(scope="module")
-def engine(toy_assets):
+def openenv_installed():
+    pytest.importorskip("openenv.core", reason=NO_OPENENV)
+
+
+@pytest.fixture(scope="module")
+def engine(openenv_installed, toy_assets):  # skipped before the toy assets are built
     from tests.support.procs import embedded_server
 
     with embedded_server(str(toy_assets / "sft_model"),
@@ -89,6 +93,7 @@ async def openenv_rewards(url: str, reset: dict, replies: list[str]) -> float:
     return total
 
 
+@pytest.mark.integration
 def test_toy_math_environment_rows_and_returns(engine, toy_assets):
     eng, addr = engine
     data = toy_assets / "toy_math" / "valid.jsonl"
@@ -118,6 +123,7 @@ def test_toy_math_environment_rows_and_returns(engine, toy_assets):
     assert wf.server is None
 
 
+@pytest.mark.integration
 def test_the_echo_environment_openenv_ships(engine, toy_assets, tmp_path):
     """``openenv init``'s echo environment, unchanged: no ``done``, a reward of
     min(0.1 * len(message), 1) a step; two turns make one two-turn row whose return is the sum."""
@@ -139,13 +145,24 @@ def test_the_echo_environment_openenv_ships(engine, toy_assets, tmp_path):
         run(eng, wf.aclose())
 
 
-def test_bad_configuration_is_refused(toy_assets):
-    from workflows.envs.openenv_env import observation_text
+def test_bad_configuration_is_refused(tiny_model_dir, tmp_path):
+    """Checked before anything starts, OpenEnv installed or not."""
+    from transformers import AutoTokenizer
 
-    with pytest.raises(ValueError, match="exactly one of base_url"):
-        workflow(toy_assets, base_url="http://127.0.0.1:1", app="x:app")
-    with pytest.raises(ValueError, match="exactly one of base_url"):
-        workflow(toy_assets)
+    from workflows.envs.openenv_env import OpenEnvWorkflow, main, observation_text
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    for kw in ({"base_url": "http://127.0.0.1:1", "app": "x:app"}, {}):
+        with pytest.raises(ValueError, match="exactly one of base_url"):
+            OpenEnvWorkflow(GREEDY, tok, proxy=PROXY, **kw)
+    with pytest.raises(ValueError, match="max_turns"):
+        OpenEnvWorkflow(GREEDY, tok, proxy=PROXY, base_url="http://127.0.0.1:1", max_turns=0)
+    with pytest.raises(ValueError, match="n_samples=1"):
+        OpenEnvWorkflow(GREEDY.new(n_samples=2), tok, proxy=PROXY, base_url="http://127.0.0.1:1")
     with pytest.raises(ValueError, match="no text field 'text'"):
         observation_text({"question": "q"}, "text")
     assert observation_text({"b": 1, "a": "x"}, None) == '{"a": "x", "b": 1}'
+    assert main(["rows", "0", str(tmp_path / "r.jsonl")]) == 2
+    assert main(["rows", "3", str(tmp_path / "r.jsonl")]) == 0
+    assert [json.loads(x) for x in (tmp_path / "r.jsonl").read_text().splitlines()] == [
+        {"reset": {"index": k}} for k in range(3)]
