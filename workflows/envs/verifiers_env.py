@@ -194,11 +194,13 @@ class VerifiersWorkflow(RolloutWorkflow):
             first = f"{errs[0].type}: {errs[0].message}" if errs else "no error recorded"
             raise VerifiersEpisodeError(f"verifiers episode of task {task.key} failed: {first}")
         traces = [t for t in ep.traces if t.agent.trainable]
-        calls = sum(len(t.calls) for t in ep.traces)
+        # a call that failed and was retried (the trace keeps it, with its error) produced no
+        # reply the episode used, and the session recorded no turn for it
+        calls = sum(1 for t in ep.traces for c in t.calls if c.error is None)
         if calls != len(session.turns):
             raise VerifiersEpisodeError(
-                f"the episode's traces made {calls} model calls but the proxy session recorded "
-                f"{len(session.turns)}: a call bypassed the policy's servers")
+                f"the episode's traces made {calls} model calls that answered but the proxy "
+                f"session recorded {len(session.turns)}: a call bypassed the policy's servers")
         if session.turns:
             session.set_reward(sum(t.reward for t in traces) / max(1, len(traces)))
         return ep, session
