@@ -108,8 +108,11 @@ def test_one_grpo_step_on_reasoning_gym_pushes_weights_and_checkpoints(tmp_path,
     assert len(kept) == 8 and {k["step"] for k in kept} == {0, 1}
     for k in kept:
         assert {"prompt", "reply", "gold", "right", "exact", "format", "score"} <= set(k)
-        # the few-shot prompt: three solved problems, then the question with the answer tag open
-        assert k["prompt"].count("<answer>") == DEFAULT_SHOTS + 1
+        # the few-shot prompt: three solved problems (user turns, answered in tags), then the
+        # question, with the answer tag open
+        assert k["prompt"].count("<|im_start|>user") == DEFAULT_SHOTS + 1
+        assert k["prompt"].count("</answer><|im_end|>") == DEFAULT_SHOTS
+        assert k["prompt"].endswith("<|im_start|>assistant\n<answer>")
         assert k["exact"] == (k["score"] == 1.0)  # the job pays right answers only, in full
 
     # The step's checkpoint loads with transformers and is the model the server was serving:
