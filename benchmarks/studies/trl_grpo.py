@@ -23,6 +23,7 @@ the steps, the training seconds and the time spent in generation + scoring (TRL'
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -55,9 +56,10 @@ def as_prompt(row: dict[str, Any]) -> list[dict[str, str]]:
 REAL_CONFIG = ROOT / "configs" / "smollm2_rg_grpo.yaml"
 
 
+@functools.lru_cache(maxsize=1)
 def rg_reward_kwargs() -> dict[str, Any]:
     """The real-model job's reward settings (its config's ``workflow.kwargs.reward_kwargs``),
-    so TRL is paid exactly as arealite is."""
+    so TRL is paid exactly as arealite is; read once (every reward call asks)."""
     import yaml
 
     return dict(yaml.safe_load(REAL_CONFIG.read_text())["workflow"]["kwargs"]["reward_kwargs"])

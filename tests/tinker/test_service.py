@@ -4,16 +4,12 @@ sampling clients pinned to their version while training goes on, checkpoints, er
 
 from __future__ import annotations
 
-import sys
 import threading
-import time
 
 import numpy as np
 import pytest
 
-from arealite.utils.network import LOOPBACK, find_free_port
-from tests.support.procs import embedded_server, log_tail, spawn
-from tests.support.tinker_sdk import full_weight_client
+from tests.support.tinker_sdk import full_weight_client, tinker_service
 
 tinker = pytest.importorskip("tinker")
 from tinker import types  # noqa: E402
@@ -26,23 +22,9 @@ KEY = "tml-arealite-test"
 def service(tiny_model_dir, tmp_path_factory):
     """``base_url`` of a Tinker service over one embedded server."""
     root = tmp_path_factory.mktemp("tinker")
-    with embedded_server(str(tiny_model_dir), ["--enable-lora", "--max-lora-rank", "8",
-                                               "--random-seed", "0"], timeout=300) as addr:
-        port = find_free_port()
-        cmd = [sys.executable, "-m", "arealite.cli.main", "tinker-server",
-               "configs/tinker/tiny.yaml", f"model.path={tiny_model_dir}",
-               f"rollout.server_addrs=[{addr}]", f"fileroot={root}", f"port={port}",
-               f"api_key={KEY}"]
-        with spawn(cmd, env={"TINKER_TELEMETRY": "0"}) as (proc, log):
-            deadline = time.monotonic() + 300
-            while time.monotonic() < deadline and proc.poll() is None:
-                with open(log) as f:
-                    if "tinker service at" in f.read():
-                        break
-                time.sleep(0.5)
-            else:
-                pytest.fail(f"the tinker service did not start:\n{log_tail(log)}")
-            yield f"http://{LOOPBACK}:{port}"
+    with tinker_service(tiny_model_dir, root, KEY, ["--enable-lora", "--max-lora-rank", "8",
+                                                    "--random-seed", "0"]) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
