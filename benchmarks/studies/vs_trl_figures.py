@@ -112,7 +112,7 @@ def _f(v: Any, spec: str = ".2f") -> str:
 
 
 def table(runs: dict[str, dict[str, Any]], target: float) -> str:
-    rows = ["| system | steps | training s | s / step | phases (s / step) | initial → final acc (best) "
+    rows = ["| system | steps | training s | s / step | phases (s / step) | held-out right: initial → final (best) "
             f"| s to {target:.2f} |", "|---|---|---|---|---|---|---|"]
     for name, s in runs.items():
         ph = ", ".join(f"{k} {v:.3f}" for k, v in s["phases"].items())
