@@ -15,7 +15,7 @@ from benchmarks.harness.run_context import head_commit
 from benchmarks.studies.vs_trl_figures import MEASURE
 
 # The arguments an arm's figures depend on; an arm.json measured under other values is rerun.
-ARM_ARGS = ("job", "quick", "seconds", "target", "prompts", "samples", "max_new_tokens", "lr",
+ARM_ARGS = ("job", "quick", "seconds", "trl_seconds", "target", "prompts", "samples", "max_new_tokens", "lr",
             "eval_every", "eval_prompts", "override")
 
 
