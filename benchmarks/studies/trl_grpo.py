@@ -88,13 +88,28 @@ def grade(task: str, text: str, row: dict[str, Any]) -> tuple[float, float, floa
     return float(g.right), float(g.exact), g.score
 
 
-def as_column_row(task: str, row: dict[str, Any]) -> dict[str, Any]:
+def trl_prompt(row: dict[str, Any], tokenizer: Any) -> list[dict[str, str]] | str:
+    """The prompt as TRL is given it. TRL renders a conversational prompt with
+    ``add_generation_prompt=True`` always, which closes a prefilled assistant turn and opens a
+    new one (the model then answers after ``<answer><|im_end|>``); a prefilled conversation goes
+    as the text the chat template renders with ``continue_final_message``, which TRL tokenizes to
+    the same ids arealite generates from (``test_trl_grpo`` checks it), so TRL continues it."""
+    messages = as_prompt(row)
+    if messages[-1]["role"] != "assistant":
+        return messages
+    return tokenizer.apply_chat_template(messages, continue_final_message=True, tokenize=False)
+
+
+def as_column_row(task: str, row: dict[str, Any], tokenizer: Any = None) -> dict[str, Any]:
     """A training row for ``datasets``: the prompt, and what the grader reads, with the nested
-    per-task dicts as JSON text (their keys differ from task to task, which Arrow cannot mix)."""
-    out = {"prompt": as_prompt(row), "answer": row["answer"]}
+    per-task dicts and the conversation as JSON text (their keys differ from task to task, which
+    Arrow cannot mix)."""
+    prompt = as_prompt(row) if tokenizer is None else trl_prompt(row, tokenizer)
+    out = {"prompt": prompt, "answer": row["answer"]}
     if task == "rg":
         out.update(task=row["task"], question=row["question"], metadata_json=json.dumps(row["metadata"]),
-                   task_config_json=json.dumps(row.get("task_config") or {}))
+                   task_config_json=json.dumps(row.get("task_config") or {}),
+                   messages_json=json.dumps(as_prompt(row)))
     return out
 
 
@@ -116,8 +131,8 @@ def reward_fn(task: str):
     def reward(prompts: list, completions: list, **columns: Any) -> list[float]:
         rows = [{k: v[i] for k, v in columns.items() if isinstance(v, list) and len(v) == len(completions)}
                 for i in range(len(completions))]
-        for r, p in zip(rows, prompts):
-            r["messages"] = p
+        for r, p in zip(rows, prompts):  # the conversation, its prefill included, as arealite's reward sees it
+            r["messages"] = json.loads(r.pop("messages_json")) if "messages_json" in r else p
         return [score(task, completion_text(c), r) for c, r in zip(completions, rows)]
 
     reward.__name__ = f"{task}_reward"
@@ -191,10 +206,10 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(a.threads)
     data = Path(a.data)
-    train = Dataset.from_list([as_column_row(a.task, r) for r in read_rows(data / "train.jsonl")])
+    tokenizer = AutoTokenizer.from_pretrained(a.model)
+    train = Dataset.from_list([as_column_row(a.task, r, tokenizer) for r in read_rows(data / "train.jsonl")])
     valid = read_rows(data / "valid.jsonl")
     valid = valid[: a.eval_prompts] if a.eval_prompts else valid
-    tokenizer = AutoTokenizer.from_pretrained(a.model)
     model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32)
 
     phase = {"generate_s": 0.0}

@@ -55,8 +55,9 @@ def test_arealite_argv_shares_the_shape_and_seed_and_skips_recovery_checkpoints(
     assert "rollout.pause_mode=in_place" in argv
 
 
-def test_the_real_job_runs_its_config_sync_twin_and_grader(tmp_path):
+def test_the_real_job_runs_its_config_sync_twin_and_grader(tmp_path, tiny_tokenizer):
     pytest.importorskip("reasoning_gym")
+    from workflows.prompting import encode_prompt
     from arealite.dataset.reasoning_gym import TaskSpec, build_rows
 
     a = vs_trl.parse_args(["--job", "real"])
@@ -64,14 +65,24 @@ def test_the_real_job_runs_its_config_sync_twin_and_grader(tmp_path):
     asyn = vs_trl.arealite_argv("async", a, tmp_path / "m", tmp_path / "d", "exp", 10, 1)
     assert sync[0] == asyn[0] == str(vs_trl.REAL_CONFIG)
     assert set(vs_trl.REAL_SYNC) <= set(sync) and not set(vs_trl.REAL_SYNC) & set(asyn)
-    # TRL's side: the row's conversation (the prefill continued) and the task's own verifier
+    # TRL's side: the row's conversation with the prefill continued. TRL renders a conversational
+    # prompt with a new assistant turn always, so the prefilled row goes as text whose tokens
+    # (TRL tokenizes plain prompts with the tokenizer's call) are the ones arealite generates from
     (row,) = build_rows([TaskSpec("gcd")], 1, seed=0, split="valid", answer_prefix="<answer>")
-    col = trl_grpo.as_column_row("rg", row)
-    assert col["prompt"] == row["messages"] and col["prompt"][-1]["role"] == "assistant"
+    assert row["messages"][-1] == {"role": "assistant", "content": "<answer>"}
+    col = trl_grpo.as_column_row("rg", row, tiny_tokenizer)
+    assert isinstance(col["prompt"], str) and col["prompt"].endswith("<answer>")
+    assert tiny_tokenizer(text=[col["prompt"]])["input_ids"][0] == encode_prompt(tiny_tokenizer, row)[0]
+    # a row with no prefill stays a conversation
+    plain = trl_grpo.as_column_row("rg", {**row, "messages": row["messages"][:-1]}, tiny_tokenizer)
+    assert plain["prompt"] == row["messages"][:-1]
+    # TRL hands the reward plain-text completions of a text prompt: paid as arealite pays them,
+    # the prefill read from the row's conversation
     reward = trl_grpo.reward_fn("rg")
-    got = reward([col["prompt"]] * 2, [[{"role": "assistant", "content": f"{row['answer']}</answer>"}], "zz"],
-                 **{k: [v, v] for k, v in col.items() if k != "prompt"})
-    assert got == [1.0, 0.0]
+    right = f"{row['answer']}</answer>"
+    got = reward([col["prompt"]] * 3, [right, [{"role": "assistant", "content": right}], "zz"],
+                 **{k: [v] * 3 for k, v in col.items() if k != "prompt"})
+    assert got == [1.0, 1.0, 0.0]
 
 
 def test_a_run_in_parts_keeps_finished_arms_and_reruns_the_rest(tmp_path, monkeypatch, capsys):
