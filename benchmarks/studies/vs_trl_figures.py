@@ -308,7 +308,10 @@ def page_entry(r: dict[str, Any], file: str = "vs_trl.json") -> dict[str, Any]:
     # which code measured arealite's side: a run in parts can be older than the code on the page
     commits = sorted({arm["commit"] for key, arm in r.get("arms", {}).items() if not key.startswith("trl")})
     at = f" (arealite's arms at {', '.join(commits)})" if commits else ""
-    return {"name": f"vs_trl{job}, last full run ({a['seconds']:.0f} training s each, target {a['target']})",
+    trl_s = a.get("trl_seconds") or a["seconds"]
+    budget = (f"{a['seconds']:.0f} training s each" if trl_s == a["seconds"]
+              else f"{a['seconds']:.0f} training s, TRL {trl_s:.0f}")
+    return {"name": f"vs_trl{job}, last full run ({budget}, target {a['target']})",
             "command": r["command"], "status": f"ran {r['date']}{at}", "seconds": None,
             "figures": [f.as_dict() for f in parse_figures("vs_trl", "\n".join(r["headlines"]))],
             "notes": [*r["table"].splitlines(), *r["headlines"]],
