@@ -57,8 +57,8 @@ def test_arealite_argv_shares_the_shape_and_seed_and_skips_recovery_checkpoints(
 
 def test_the_real_job_runs_its_config_sync_twin_and_grader(tmp_path, tiny_tokenizer):
     pytest.importorskip("reasoning_gym")
-    from workflows.prompting import encode_prompt
     from arealite.dataset.reasoning_gym import TaskSpec, build_rows
+    from workflows.prompting import encode_prompt
 
     a = vs_trl.parse_args(["--job", "real"])
     sync = vs_trl.arealite_argv("sync", a, tmp_path / "m", tmp_path / "d", "exp", 10, 1)
