@@ -15,6 +15,7 @@ import requests
 
 from arealite.api.config.rollout import GenerationHyperparameters, InferenceEngineConfig
 from arealite.rollout.remote_engine import RemoteInferenceEngine
+from tests.support.verifiers_eval import verifiers_own_eval
 
 pytest.importorskip("verifiers.v1")
 pytestmark = pytest.mark.integration
@@ -99,11 +100,6 @@ def test_rows_are_the_servers_tokens_and_the_traces_rewards(setup):
 def test_rewards_equal_verifiers_own_eval_on_the_same_completions(setup):
     """Greedy generation: the eval entry point, its client at a proxy session, produces the
     same completions; each task's reward arealite trains on equals the eval's score."""
-    import copy
-
-    from verifiers.v1.cli.eval.runner import run_eval
-    from verifiers.v1.configs.cli.eval import EvalConfig
-
     eng, _, env, _, tmp = setup
     wf = workflow(setup, n_episodes=1)
     rows = [json.loads(x) for x in (tmp / "tasks.jsonl").read_text().splitlines()]
@@ -117,15 +113,7 @@ def test_rewards_equal_verifiers_own_eval_on_the_same_completions(setup):
         return out
 
     async def theirs():
-        proxy, url = await wf._start(eng)
-        session = proxy.start_session()
-        config = EvalConfig.model_validate({
-            "env": copy.deepcopy(env), "model": "arealite-policy", "num_rollouts": 1, "max_concurrent": 2,
-            "client": {"base_url": f"{url}/sessions/{session.session_id}/v1",
-                       "api_key_var": "AREALITE_PROXY_KEY"},
-            "select": {"limit": N_TASKS}, "rich": None, "push": False,
-            "output_dir": str(tmp / "vf_eval")})
-        episodes = await run_eval(config)
+        episodes = await verifiers_own_eval(wf, eng, env, N_TASKS, 2, tmp / "vf_eval")
         return {ep.task.data.idx: (ep.traces[0].last_reply, ep.traces[0].reward)
                 for ep in episodes}
 

@@ -9,7 +9,6 @@ eval entry point's on the same completions."""
 
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import requests
 
 from arealite.api.config.rollout import GenerationHyperparameters, InferenceEngineConfig
 from arealite.rollout.remote_engine import RemoteInferenceEngine
+from tests.support.verifiers_eval import verifiers_own_eval
 
 pytest.importorskip("verifiers.v1")
 pytestmark = [pytest.mark.integration, pytest.mark.long]  # a minute or more: 9 episodes
@@ -133,9 +133,6 @@ def test_rows_carry_the_environments_reward_and_group(setup):
 def test_rewards_equal_verifiers_own_eval_on_the_same_completions(setup):
     """verifiers' eval entry point (``run_eval``, what ``vf-eval`` runs), its client at a proxy
     session, makes the same greedy tool-calling conversations and gives the same scores."""
-    from verifiers.v1.cli.eval.runner import run_eval
-    from verifiers.v1.configs.cli.eval import EvalConfig
-
     eng, _, wf, env, tasks, tmp = setup
 
     async def ours():
@@ -147,16 +144,7 @@ def test_rewards_equal_verifiers_own_eval_on_the_same_completions(setup):
         return out
 
     async def theirs():
-        proxy, url = await wf._start(eng)
-        session = proxy.start_session()
-        config = EvalConfig.model_validate({
-            "env": copy.deepcopy(env), "model": "arealite-policy", "num_rollouts": 1,
-            "max_concurrent": 1,
-            "client": {"base_url": f"{url}/sessions/{session.session_id}/v1",
-                       "api_key_var": "AREALITE_PROXY_KEY"},
-            "select": {"limit": len(tasks)}, "rich": None, "push": False,
-            "output_dir": str(tmp / "vf_eval")})
-        episodes = await run_eval(config)
+        episodes = await verifiers_own_eval(wf, eng, env, len(tasks), 1, tmp / "vf_eval")
         return {ep.task.data.idx: (ep.traces[0].transcript, ep.traces[0].reward)
                 for ep in episodes}
 
